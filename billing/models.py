@@ -1,0 +1,1 @@
+# Budgets, charges and reconciliation arrive with the spending-limits and invoices issues.

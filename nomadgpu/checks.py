@@ -1,0 +1,67 @@
+"""Startup checks: a missing, malformed or wrong FIELD_ENCRYPTION_KEY stops every process.
+
+Django runs system checks for ``runserver``, ``migrate`` and ``check``, and Celery's Django
+fix-up runs them when a worker starts; ``wsgi.py`` calls ``verify_sealed_secrets_or_exit`` so
+gunicorn refuses to start too.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from django.core.checks import Error, register
+from django.db import DatabaseError
+
+from nomadgpu import crypto
+
+
+def find_key_problem() -> str | None:
+    """Why the configured key cannot serve, or None: missing/malformed key, or stored secrets
+    that it cannot open (the wrong key, or a key dropped during a rotation)."""
+    try:
+        crypto.configured_keys()
+    except crypto.KeyConfigError as exc:
+        return str(exc)
+    return _first_unreadable_secret()
+
+
+def _first_unreadable_secret() -> str | None:
+    from nomadgpu.models import Team
+
+    try:
+        for name in Team.SECRET_FIELDS:
+            sealed = _raw_first(Team, name)
+            if sealed:
+                crypto.open_sealed(sealed, context=f"nomadgpu.team.{name}")
+    except crypto.SecretUnreadable as exc:
+        return f"Stored team secrets cannot be opened: {exc}"
+    except DatabaseError:
+        return None  # not migrated yet: nothing sealed to check
+    return None
+
+
+def _raw_first(model, field_name: str) -> str | None:
+    """The stored (sealed) text of FIELD_NAME in one row, bypassing from_db_value."""
+    from django.db import connection
+
+    table = connection.ops.quote_name(model._meta.db_table)
+    column = connection.ops.quote_name(model._meta.get_field(field_name).column)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {column} FROM {table} WHERE {column} <> '' LIMIT 1")  # noqa: S608
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+@register()
+def encryption_key_check(app_configs=None, **kwargs) -> list[Error]:
+    problem = find_key_problem()
+    if problem is None:
+        return []
+    return [Error(problem, id="nomadgpu.E001")]
+
+
+def verify_sealed_secrets_or_exit() -> None:
+    problem = find_key_problem()
+    if problem:
+        sys.stderr.write(f"NomadGPU cannot start: {problem}\n")
+        raise SystemExit(2)

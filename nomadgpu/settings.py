@@ -1,0 +1,228 @@
+"""NomadGPU settings: one file, environment variables only.
+
+Every variable has an embedded default that needs no server (SQLite under ``var/``, kombu's
+filesystem broker, the sandbox marketplace, local object storage), so ``make run`` works on a
+fresh machine. Production switches by variables; ``ENV_VARS`` records every name read here so
+the README table and the docker-compose test can be checked against it.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+ENV_VARS: dict[str, str] = {}
+
+
+def env(name: str, default: str = "") -> str:
+    """Read NAME, or the file named by NAME_FILE (Docker secrets), else the default."""
+    ENV_VARS[name] = default
+    file_path = os.environ.get(f"{name}_FILE")
+    if file_path:
+        return Path(file_path).read_text().strip()
+    return os.environ.get(name, default)
+
+
+def envbool(name: str, default: bool) -> bool:
+    return env(name, "1" if default else "0").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def envint(name: str, default: int) -> int:
+    return int(env(name, str(default)))
+
+
+def envfloat(name: str, default: float) -> float:
+    return float(env(name, str(default)))
+
+
+def envlist(name: str, default: str) -> list[str]:
+    return [item.strip() for item in env(name, default).split(",") if item.strip()]
+
+
+VAR_DIR = Path(env("NOMADGPU_VAR_DIR", str(BASE_DIR / "var")))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+DEBUG = envbool("DEBUG", True)
+SECRET_KEY = env("SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            "SECRET_KEY is not set. Set SECRET_KEY to a long random string "
+            '(python -c "import secrets; print(secrets.token_urlsafe(50))").'
+        )
+    SECRET_KEY = "dev-only-" + "x" * 50
+ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
+CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", "")
+# The public URL agents call back to; it is templated into each attempt's bootstrap script.
+SITE_URL = env("SITE_URL", "http://127.0.0.1:8000").rstrip("/")
+NOMADGPU_ENV = env("NOMADGPU_ENV", "dev")  # part of every instance label: ngpu:<env>:<job>:<n>
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "template_partials",
+    "ninja",
+    "nomadgpu",
+    "hosts",
+    "jobs",
+    "billing",
+    "statuspage",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "nomadgpu.urls"
+WSGI_APPLICATION = "nomadgpu.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "nomadgpu.context_processors.teams",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        env("DATABASE_URL", f"sqlite:///{VAR_DIR / 'nomadgpu.sqlite3'}"),
+        conn_max_age=envint("DATABASE_CONN_MAX_AGE", 60),
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # A file, not :memory:, so a worker in another process sees the test database too.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+    DATABASES["default"]["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA busy_timeout=10000;",
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT.mkdir(exist_ok=True)
+FORMS_URLFIELD_ASSUME_HTTPS = True
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        if not DEBUG
+        else "django.contrib.staticfiles.storage.StaticFilesStorage"
+    },
+}
+
+# Agent JSON is small; checkpoints never pass through Django.
+DATA_UPLOAD_MAX_MEMORY_SIZE = envint("DATA_UPLOAD_MAX_MEMORY_SIZE", 256 * 1024)
+
+# --- Security (production: DEBUG=0 turns these on) ---------------------------------------
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", not DEBUG)
+SESSION_COOKIE_SECURE = not DEBUG
+CSRF_COOKIE_SECURE = not DEBUG
+SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = not DEBUG
+SECURE_HSTS_PRELOAD = not DEBUG
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+
+# Team secrets (Vast key, bot token, storage keys) are sealed with this AES-256-GCM key.
+# Comma-separated: the first encrypts, the rest still decrypt (key rotation).
+FIELD_ENCRYPTION_KEYS = envlist("FIELD_ENCRYPTION_KEY", "")
+
+# --- Celery ------------------------------------------------------------------------------
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", "filesystem://")
+BROKER_DIR = VAR_DIR / "broker"
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    for sub in ("out", "processed", "control"):
+        (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(BROKER_DIR / "out"),
+        "data_folder_out": str(BROKER_DIR / "out"),
+        "processed_folder": str(BROKER_DIR / "processed"),
+        "control_folder": str(BROKER_DIR / "control"),
+        "store_processed": False,
+    }
+else:
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_ACKS_LATE = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+CELERY_TIMEZONE = "UTC"
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+
+WATCHDOG_INTERVAL_S = envfloat("WATCHDOG_INTERVAL_S", 5.0)
+CELERY_BEAT_SCHEDULE = {
+    "watchdog-tick": {
+        "task": "jobs.tasks.watchdog_tick",
+        "schedule": timedelta(seconds=WATCHDOG_INTERVAL_S),
+        # A tick that waited longer than its interval is stale: the next one supersedes it.
+        "options": {"expires": WATCHDOG_INTERVAL_S * 0.9},
+    },
+}
+
+# --- Provider: Vast.ai or the sandbox marketplace -----------------------------------------
+VAST_URL = env("VAST_URL", "http://127.0.0.1:8700").rstrip("/")
+VAST_API_KEY = env("VAST_API_KEY", "sandbox-key")
+SANDBOX_DIR = Path(env("SANDBOX_DIR", str(VAR_DIR / "sandbox")))
+
+# --- Object storage: "local" (served by the web process) or "s3" (R2, AWS, MinIO, B2) ------
+STORAGE_BACKEND = env("STORAGE_BACKEND", "local")
+STORAGE_LOCAL_DIR = Path(env("STORAGE_LOCAL_DIR", str(VAR_DIR / "objects")))
+S3_ENDPOINT_URL = env("S3_ENDPOINT_URL", "")
+S3_BUCKET = env("S3_BUCKET", "nomadgpu")
+S3_ACCESS_KEY_ID = env("S3_ACCESS_KEY_ID", "")
+S3_SECRET_ACCESS_KEY = env("S3_SECRET_ACCESS_KEY", "")
+S3_REGION = env("S3_REGION", "auto")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
+}

@@ -1,0 +1,19 @@
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+
+from nomadgpu import views
+from nomadgpu.api import api
+
+admin.site.site_header = "NomadGPU administration"
+admin.site.site_title = "NomadGPU"
+
+urlpatterns = [
+    path("", views.dashboard, name="dashboard"),
+    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("teams/<slug:slug>/", views.team_detail, name="team-detail"),
+    path("", include("jobs.urls")),
+    path("admin/", admin.site.urls),
+    path("api/", api.urls),
+]

@@ -1,0 +1,1 @@
+# The status page reads jobs.Interruption; it stores nothing of its own.

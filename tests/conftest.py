@@ -1,0 +1,48 @@
+"""The cast (two teams; admin, member, finance, outsider) and process helpers for all tests."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pytest
+from django.conf import settings
+
+from nomadgpu.models import Role
+from tests.factories import MembershipFactory, TeamFactory, UserFactory
+
+# `make test` sets a throwaway key; this covers a plain `pytest` run the same way.
+TEST_FIELD_KEY = "dGVzdC1vbmx5LWtleS10ZXN0LW9ubHkta2V5LTMyYnk="
+os.environ.setdefault("FIELD_ENCRYPTION_KEY", TEST_FIELD_KEY)
+if not settings.FIELD_ENCRYPTION_KEYS:
+    settings.FIELD_ENCRYPTION_KEYS = [os.environ["FIELD_ENCRYPTION_KEY"]]
+
+pytest_plugins = ["tests.processes"]
+
+
+@dataclass
+class Cast:
+    team_a: object
+    team_b: object
+    admin: object  # team admin of A
+    member: object  # member of A
+    finance: object  # finance in A
+    outsider: object  # member of B only
+
+
+@pytest.fixture
+def cast(db) -> Cast:
+    team_a = TeamFactory(name="Team A", slug="team-a")
+    team_b = TeamFactory(name="Team B", slug="team-b")
+    admin = MembershipFactory(team=team_a, role=Role.ADMIN, user__username="alice").user
+    member = MembershipFactory(team=team_a, role=Role.MEMBER, user__username="bob").user
+    finance = MembershipFactory(team=team_a, role=Role.FINANCE, user__username="fran").user
+    outsider = MembershipFactory(team=team_b, role=Role.ADMIN, user__username="olga").user
+    for user in (admin, member, finance, outsider):
+        user.refresh_from_db()
+    return Cast(team_a, team_b, admin, member, finance, outsider)
+
+
+@pytest.fixture
+def user_factory():
+    return UserFactory

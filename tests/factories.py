@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import factory
+from django.contrib.auth import get_user_model
+
+from jobs.models import Job
+from nomadgpu.models import Membership, Role, Team
+
+
+class UserFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = get_user_model()
+        django_get_or_create = ("username",)
+
+    username = factory.Sequence(lambda n: f"user{n}")
+    password = factory.django.Password("pw-for-tests-only")
+
+
+class TeamFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Team
+        django_get_or_create = ("slug",)
+
+    name = factory.Sequence(lambda n: f"Team {n}")
+    slug = factory.Sequence(lambda n: f"team-{n}")
+
+
+class MembershipFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Membership
+
+    user = factory.SubFactory(UserFactory)
+    team = factory.SubFactory(TeamFactory)
+    role = Role.MEMBER
+
+
+class JobFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Job
+
+    team = factory.SubFactory(TeamFactory)
+    name = factory.Sequence(lambda n: f"finetune-{n}")
+    image = "pytorch/pytorch:2.4.0-cuda12.4-cudnn9-runtime"
+    command = "python train.py"
