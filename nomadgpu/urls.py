@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from nomadgpu import views
+from nomadgpu import storage_views, views
 from nomadgpu.api import api
 
 admin.site.site_header = "NomadGPU administration"
@@ -16,4 +16,5 @@ urlpatterns = [
     path("", include("jobs.urls")),
     path("admin/", admin.site.urls),
     path("api/", api.urls),
+    path("storage/<path:key>", storage_views.local_object, name="local-object"),
 ]
