@@ -1,8 +1,9 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.utils import timezone
 
-from jobs.models import Job, JobEvent
+from jobs.models import Attempt, Checkpoint, Job, JobEvent
 from nomadgpu.admin_scoping import TeamScopedAdmin
 
 
@@ -23,6 +24,7 @@ class JobAdmin(TeamScopedAdmin):
     search_fields = ["name", "command", "image", "created_by__username"]
     list_select_related = ["team", "created_by"]
     date_hierarchy = "created_at"
+    exclude = ["data_key"]
     inlines = [JobEventInline]
 
 
@@ -34,6 +36,61 @@ class JobEventAdmin(TeamScopedAdmin):
     search_fields = ["job__name", "message"]
     list_select_related = ["job"]
     readonly_fields = ["job", "created_at", "kind", "message", "data"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+
+class CheckpointInline(admin.TabularInline):
+    model = Checkpoint
+    extra = 0
+    can_delete = False
+    fields = ["step", "state", "size", "encrypted", "ready_at", "key"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Attempt)
+class AttemptAdmin(TeamScopedAdmin):
+    team_path = "job__team"
+    list_display = [
+        "__str__",
+        "state",
+        "instance_id",
+        "gpu_name",
+        "dph_base",
+        "step",
+        "heartbeat_age",
+        "gpu_ok",
+        "created_at",
+    ]
+    list_filter = ["state", "gpu_name", "job__team"]
+    search_fields = ["job__name", "label", "instance_id", "machine_id"]
+    list_select_related = ["job"]
+    exclude = ["token_digest"]
+    readonly_fields = [f.name for f in Attempt._meta.fields if f.name != "token_digest"]
+    inlines = [CheckpointInline]
+
+    @admin.display(description="last heartbeat (s ago)")
+    def heartbeat_age(self, attempt: Attempt) -> str:
+        if attempt.last_heartbeat_at is None:
+            return "—"
+        return f"{(timezone.now() - attempt.last_heartbeat_at).total_seconds():.0f}"
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+
+@admin.register(Checkpoint)
+class CheckpointAdmin(TeamScopedAdmin):
+    team_path = "job__team"
+    list_display = ["job", "step", "state", "size", "encrypted", "attempt", "ready_at"]
+    list_filter = ["state", "encrypted", "job__team"]
+    search_fields = ["job__name", "key", "sha256"]
+    list_select_related = ["job", "attempt"]
+    readonly_fields = [f.name for f in Checkpoint._meta.fields]
 
     def has_add_permission(self, request) -> bool:
         return False

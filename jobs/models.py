@@ -4,6 +4,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from nomadgpu.fields import EncryptedTextField
 from nomadgpu.models import Team
 
 
@@ -30,6 +31,13 @@ class Job(models.Model):
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED)
     image = models.CharField(max_length=300)
     command = models.TextField()
+    env = models.JSONField(default=dict, blank=True)
+    total_steps = models.PositiveIntegerField(null=True, blank=True)
+    heartbeat_interval_s = models.PositiveIntegerField(default=15)
+    keep_last = models.PositiveSmallIntegerField(default=3)
+    encrypt_checkpoints = models.BooleanField(default=False)
+    # Per-job data key for checkpoint encryption, sealed under FIELD_ENCRYPTION_KEY (the KEK).
+    data_key = EncryptedTextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -39,6 +47,10 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def storage_prefix(self) -> str:
+        return f"teams/{self.team.slug}/jobs/{self.pk}/"
 
 
 class JobEvent(models.Model):
@@ -55,3 +67,133 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} @ {self.created_at:%Y-%m-%d %H:%M:%S}"
+
+
+class AttemptState(models.TextChoices):
+    PLANNED = "planned", "Planned"  # row committed, provider not called yet
+    REQUESTED = "requested", "Requested"  # create sent; outcome may be unknown
+    STARTING = "starting", "Starting"  # instance exists, agent not yet training
+    RUNNING = "running", "Running"
+    ENDED = "ended", "Ended"
+
+
+LIVE_ATTEMPT_STATES = [
+    AttemptState.PLANNED,
+    AttemptState.REQUESTED,
+    AttemptState.STARTING,
+    AttemptState.RUNNING,
+]
+
+
+class Attempt(models.Model):
+    """One rental of one host for one job, with its own agent token and checkpoint prefix."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    state = models.CharField(
+        max_length=12, choices=AttemptState.choices, default=AttemptState.PLANNED
+    )
+    end_reason = models.CharField(max_length=40, blank=True)
+
+    # What was rented, copied from the offer (units: $/h, $/GB-hour, $/GB).
+    offer_id = models.BigIntegerField(null=True, blank=True)
+    instance_id = models.BigIntegerField(null=True, blank=True, unique=True)
+    label = models.CharField(max_length=120, blank=True)
+    machine_id = models.BigIntegerField(null=True, blank=True)
+    gpu_name = models.CharField(max_length=60, blank=True)
+    dph_base = models.FloatField(default=0)
+    storage_usd_per_gb_hour = models.FloatField(default=0)
+    download_usd_per_gb = models.FloatField(default=0)
+    upload_usd_per_gb = models.FloatField(default=0)
+    disk_gb = models.FloatField(default=0)
+
+    # The agent's bearer token: a lookup prefix and a SHA-256 digest, never the token itself.
+    token_prefix = models.CharField(max_length=16, unique=True)
+    token_digest = models.CharField(max_length=64)
+
+    # Written by each heartbeat (one indexed row update); read by the watchdog.
+    registered_at = models.DateTimeField(null=True, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_deadline = models.DateTimeField(null=True, blank=True)
+    last_seq = models.BigIntegerField(default=-1)
+    phase = models.CharField(max_length=12, blank=True)
+    step = models.PositiveIntegerField(null=True, blank=True)
+    total_steps = models.PositiveIntegerField(null=True, blank=True)
+    loss = models.FloatField(null=True, blank=True)
+    seconds_per_step = models.FloatField(null=True, blank=True)
+    last_progress_at = models.DateTimeField(null=True, blank=True)
+    gpu_ok = models.BooleanField(null=True)
+    gpu_error = models.CharField(max_length=300, blank=True)
+    bytes_down = models.PositiveBigIntegerField(default=0)
+    bytes_up = models.PositiveBigIntegerField(default=0)
+    log_tail = models.TextField(blank=True)
+    pending_command = models.CharField(max_length=20, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+
+    created_at = models.DateTimeField(default=timezone.now)
+    rented_at = models.DateTimeField(null=True, blank=True)
+    running_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "number"], name="attempt_number_per_job"),
+            # Exactly-once renting: at most one live attempt per job on every code path.
+            models.UniqueConstraint(
+                fields=["job"],
+                condition=models.Q(state__in=LIVE_ATTEMPT_STATES),
+                name="one_live_attempt_per_job",
+            ),
+        ]
+        indexes = [
+            # The watchdog's one query: live attempts whose heartbeat deadline has passed.
+            models.Index(
+                fields=["heartbeat_deadline"],
+                condition=models.Q(state__in=[AttemptState.STARTING, AttemptState.RUNNING]),
+                name="attempt_due_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job} #{self.number}"
+
+    @property
+    def storage_prefix(self) -> str:
+        return f"{self.job.storage_prefix}attempts/{self.number}/"
+
+
+class CheckpointState(models.TextChoices):
+    UPLOADING = "uploading", "Uploading"
+    READY = "ready", "Ready"
+    FAILED = "failed", "Failed"
+    PRUNED = "pruned", "Pruned"
+
+
+class Checkpoint(models.Model):
+    """A packed checkpoint object; ready only once verified and its manifest written (last)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="checkpoints")
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="checkpoints")
+    step = models.PositiveIntegerField()
+    state = models.CharField(
+        max_length=10, choices=CheckpointState.choices, default=CheckpointState.UPLOADING
+    )
+    key = models.CharField(max_length=400)
+    size = models.PositiveBigIntegerField()
+    sha256 = models.CharField(max_length=64, blank=True)
+    encrypted = models.BooleanField(default=False)
+    upload_id = models.CharField(max_length=200, blank=True)
+    part_size = models.PositiveBigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    ready_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job", "-step"]
+        constraints = [
+            models.UniqueConstraint(fields=["attempt", "step"], name="one_checkpoint_per_step")
+        ]
+        indexes = [models.Index(fields=["job", "state", "-step"])]
+
+    def __str__(self) -> str:
+        return f"{self.job} step {self.step} ({self.state})"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import RequestDataTooBig
 from django.db import connection
+from django.conf import settings
 from ninja import NinjaAPI, Schema
 
 api = NinjaAPI(
@@ -11,6 +13,17 @@ api = NinjaAPI(
     description="Member API (personal tokens) and agent API (per-attempt tokens).",
     urls_namespace="api",
 )
+
+
+api.add_router("/agent", "jobs.agent_api.router")
+
+
+@api.exception_handler(RequestDataTooBig)
+def request_too_big(request, exc):
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    return api.create_response(
+        request, {"detail": f"request body is larger than {limit} bytes"}, status=413
+    )
 
 
 class HealthOut(Schema):

@@ -42,3 +42,20 @@ class JobFactory(factory.django.DjangoModelFactory):
     name = factory.Sequence(lambda n: f"finetune-{n}")
     image = "pytorch/pytorch:2.4.0-cuda12.4-cudnn9-runtime"
     command = "python train.py"
+
+
+def make_attempt(job=None, *, number: int = 1, state: str = "starting", **fields):
+    """An attempt with a fresh agent token; returns (attempt, token)."""
+    from jobs.models import Attempt
+    from jobs.tokens import issue_token
+
+    issued = issue_token()
+    attempt = Attempt.objects.create(
+        job=job or JobFactory(),
+        number=number,
+        state=state,
+        token_prefix=issued.prefix,
+        token_digest=issued.digest,
+        **fields,
+    )
+    return attempt, issued.token

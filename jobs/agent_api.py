@@ -1,0 +1,183 @@
+"""The agent API (``/api/agent/...``): what an agent in a rented container may say and ask.
+
+Bearer token per attempt (``jobs.tokens``). Unknown token → 401; token of an ended attempt →
+410 telling the agent to stop (fencing). Bodies are validated with limits; every error is a JSON
+body with ``detail``. The wire contract is ``agent/PROTOCOL.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from django.http import FileResponse, HttpRequest, HttpResponse
+from django.utils import timezone
+from ninja import Field, Router, Schema
+from ninja.errors import HttpError
+from ninja.security import HttpBearer
+
+from jobs import agent_services, bootstrap, checkpoints
+from jobs.models import Attempt, Checkpoint
+
+
+class AgentToken(HttpBearer):
+    def authenticate(self, request: HttpRequest, token: str) -> Attempt | None:
+        try:
+            return agent_services.authenticate_agent(token)
+        except agent_services.TokenUnknown:
+            return None
+        except agent_services.TokenDead as exc:
+            raise HttpError(410, f"this attempt has ended ({exc}); stop training and exit") from exc
+
+
+router = Router(auth=AgentToken(), tags=["agent"])
+
+
+class GpuIn(Schema):
+    name: str = Field("", max_length=100)
+    memory_total_mb: float | None = Field(None, ge=0, le=10_000_000)
+
+
+class RegisterIn(Schema):
+    agent_version: str = Field(..., max_length=40)
+    hostname: str = Field("", max_length=255)
+    python: str = Field("", max_length=40)
+    gpus: list[GpuIn] = Field(default_factory=list, max_length=64)
+
+
+class GpuDeviceIn(Schema):
+    util_pct: float | None = Field(None, ge=0, le=100)
+    mem_used_mb: float | None = Field(None, ge=0)
+    mem_total_mb: float | None = Field(None, ge=0)
+    temp_c: float | None = Field(None, ge=-50, le=200)
+
+
+class GpuHealthIn(Schema):
+    ok: bool
+    error: str | None = Field(None, max_length=2000)
+    devices: list[GpuDeviceIn] = Field(default_factory=list, max_length=64)
+
+
+class HeartbeatIn(Schema):
+    seq: int = Field(..., ge=0)
+    phase: Literal["starting", "restoring", "running", "uploading", "exiting"] = "running"
+    step: int | None = Field(None, ge=0, le=10**9)
+    total_steps: int | None = Field(None, ge=0, le=10**9)
+    loss: float | None = Field(None, allow_inf_nan=False)
+    seconds_per_step: float | None = Field(None, ge=0, le=10**6, allow_inf_nan=False)
+    gpu: GpuHealthIn
+    bytes_down: int = Field(0, ge=0)
+    bytes_up: int = Field(0, ge=0)
+    log_tail: str = Field("", max_length=16 * 1024)
+
+
+class HeartbeatOut(Schema):
+    command: Literal["continue", "checkpoint_now", "stop"]
+    heartbeat_interval_s: int
+
+
+class CheckpointIn(Schema):
+    step: int = Field(..., ge=0, le=10**9)
+    size: int = Field(..., gt=0, le=5 * 1024**4)
+    encrypted: bool = False
+
+
+class PartIn(Schema):
+    part_number: int = Field(..., ge=1, le=checkpoints.MAX_PARTS)
+    etag: str = Field(..., max_length=200)
+
+
+class CompleteIn(Schema):
+    size: int = Field(..., gt=0)
+    sha256: str = Field(..., pattern=r"^[0-9a-f]{64}$")
+    parts: list[PartIn] = Field(default_factory=list, max_length=checkpoints.MAX_PARTS)
+
+
+class ExitIn(Schema):
+    exit_code: int | None = Field(None, ge=-255, le=255)
+    signal: int | None = Field(None, ge=0, le=128)
+    reason: Literal["finished", "failed", "stopped", "killed"]
+    log_tail: str = Field("", max_length=16 * 1024)
+
+
+@router.post("/register")
+def register(request: HttpRequest, payload: RegisterIn) -> dict:
+    return agent_services.register_agent(request.auth, now=timezone.now())
+
+
+@router.post("/heartbeat", response=HeartbeatOut)
+def heartbeat(request: HttpRequest, payload: HeartbeatIn) -> dict:
+    beat = agent_services.Heartbeat(
+        seq=payload.seq,
+        phase=payload.phase,
+        step=payload.step,
+        total_steps=payload.total_steps,
+        loss=payload.loss,
+        seconds_per_step=payload.seconds_per_step,
+        gpu_ok=payload.gpu.ok,
+        gpu_error=payload.gpu.error or "",
+        bytes_down=payload.bytes_down,
+        bytes_up=payload.bytes_up,
+        log_tail=payload.log_tail,
+    )
+    return agent_services.record_heartbeat(request.auth, beat, now=timezone.now())
+
+
+@router.post("/checkpoints")
+def create_checkpoint(request: HttpRequest, payload: CheckpointIn) -> dict:
+    attempt: Attempt = request.auth
+    if payload.encrypted != attempt.job.encrypt_checkpoints:
+        wanted = "encrypted" if attempt.job.encrypt_checkpoints else "plain"
+        raise HttpError(409, f"this job stores {wanted} checkpoints")
+    try:
+        plan = checkpoints.plan_upload(
+            attempt, step=payload.step, size=payload.size, encrypted=payload.encrypted
+        )
+    except checkpoints.CheckpointRefused as exc:
+        raise HttpError(409, str(exc)) from exc
+    return {"checkpoint_id": plan.checkpoint.pk, "upload": plan.upload}
+
+
+@router.post("/checkpoints/{checkpoint_id}/complete")
+def complete_checkpoint(request: HttpRequest, checkpoint_id: int, payload: CompleteIn) -> dict:
+    attempt: Attempt = request.auth
+    checkpoint = Checkpoint.objects.filter(pk=checkpoint_id, attempt=attempt).first()
+    if checkpoint is None:
+        raise HttpError(404, f"no checkpoint {checkpoint_id} in this attempt")
+    try:
+        done = checkpoints.complete_upload(
+            checkpoint,
+            size=payload.size,
+            sha256=payload.sha256,
+            parts=[(p.part_number, p.etag) for p in payload.parts],
+            now=timezone.now(),
+        )
+    except checkpoints.CheckpointRefused as exc:
+        raise HttpError(409, str(exc)) from exc
+    checkpoints.prune_old(attempt.job_id, keep_last=attempt.job.keep_last)
+    return {"ready": True, "step": done.step}
+
+
+@router.post("/exit")
+def report_exit(request: HttpRequest, payload: ExitIn) -> dict:
+    agent_services.record_exit(
+        request.auth,
+        exit_code=payload.exit_code,
+        reason=payload.reason,
+        log_tail=payload.log_tail,
+        now=timezone.now(),
+    )
+    return {}
+
+
+@router.get("/bootstrap.sh")
+def bootstrap_script(request: HttpRequest) -> HttpResponse:
+    """The attempt's bootstrap again (the token is the one the caller already holds)."""
+    token = request.headers["Authorization"].split(" ", 1)[1]
+    text = bootstrap.render_bootstrap(request.auth, token=token)
+    return HttpResponse(text, content_type="text/x-shellscript")
+
+
+@router.get("/agent.pyz")
+def agent_zipapp(request: HttpRequest) -> FileResponse:
+    path = bootstrap.agent_zipapp_path()
+    return FileResponse(path.open("rb"), content_type="application/zip", filename="agent.pyz")

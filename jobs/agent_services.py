@@ -1,0 +1,158 @@
+"""What the supervisor records when an agent speaks: registration, heartbeats, exit.
+
+The heartbeat is the hot path: authentication reads one row by its token prefix, and the
+heartbeat itself is one guarded UPDATE of that row. The guard (``last_seq < seq``) makes a
+repeated or out-of-order heartbeat a harmless no-op, and the same update moves the attempt's
+``heartbeat_deadline`` so the watchdog finds due attempts with one indexed query.
+
+Job-level transitions (starting → running, recovering, failed) belong to the job state machine;
+these functions only record what the agent reported.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db.models import Case, F, Q, Value, When
+
+from jobs import checkpoints
+from jobs.models import Attempt, AttemptState
+from jobs.tokens import token_matches, token_prefix
+from nomadgpu.storage import object_store
+
+ACTIVE = [AttemptState.STARTING, AttemptState.RUNNING]
+HEARTBEAT_TIMEOUT_FACTOR = 3
+LOG_TAIL_LIMIT = 8 * 1024
+
+
+class TokenUnknown(Exception):
+    """No attempt holds this token."""
+
+
+class TokenDead(Exception):
+    """The attempt behind this token has ended: the agent must stop (fencing)."""
+
+
+def authenticate_agent(token: str) -> Attempt:
+    """The live attempt holding TOKEN; raises TokenUnknown or TokenDead."""
+    attempt = (
+        Attempt.objects.select_related("job__team").filter(token_prefix=token_prefix(token)).first()
+    )
+    if attempt is None or not token_matches(token, attempt.token_digest):
+        raise TokenUnknown
+    if attempt.state not in ACTIVE:
+        raise TokenDead(attempt.end_reason or attempt.state)
+    return attempt
+
+
+def heartbeat_deadline(attempt: Attempt, now: datetime) -> datetime:
+    interval = attempt.job.heartbeat_interval_s
+    return now + timedelta(seconds=interval * HEARTBEAT_TIMEOUT_FACTOR)
+
+
+def register_agent(attempt: Attempt, *, now: datetime) -> dict:
+    """Record the agent's arrival and tell it what to run and where to resume from."""
+    Attempt.objects.filter(pk=attempt.pk, state__in=ACTIVE).update(
+        registered_at=now,
+        last_heartbeat_at=now,
+        heartbeat_deadline=heartbeat_deadline(attempt, now),
+    )
+    job = attempt.job
+    return {
+        "job_id": job.pk,
+        "attempt_no": attempt.number,
+        "command": job.command,
+        "env": job.env,
+        "total_steps": job.total_steps,
+        "heartbeat_interval_s": job.heartbeat_interval_s,
+        "checkpoint": {"keep_last": job.keep_last, "upload_part_size": checkpoints.PART_SIZE},
+        "resume": resume_instructions(job.pk),
+        "encryption": _encryption(job),
+    }
+
+
+def _encryption(job) -> dict | None:
+    if not job.encrypt_checkpoints:
+        return None
+    return {"data_key_b64": job.data_key, "format": "ngck1"}
+
+
+def resume_instructions(job_id: int) -> dict | None:
+    checkpoint = checkpoints.newest_ready(job_id)
+    if checkpoint is None:
+        return None
+    store = object_store(checkpoint.attempt.job.team)
+    return {
+        "checkpoint_id": checkpoint.pk,
+        "step": checkpoint.step,
+        "encrypted": checkpoint.encrypted,
+        "object": {
+            "url": store.presign_get(checkpoint.key),
+            "size": checkpoint.size,
+            "sha256": checkpoint.sha256,
+        },
+    }
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    seq: int
+    phase: str
+    step: int | None
+    total_steps: int | None
+    loss: float | None
+    seconds_per_step: float | None
+    gpu_ok: bool
+    gpu_error: str
+    bytes_down: int
+    bytes_up: int
+    log_tail: str
+
+
+def record_heartbeat(attempt: Attempt, beat: Heartbeat, *, now: datetime) -> dict:
+    """Store BEAT with one guarded update and answer with the command for the agent."""
+    command = attempt.pending_command or "continue"
+    progressed = (
+        Q(step__isnull=True) | Q(step__lt=beat.step) if beat.step is not None else Q(pk=None)
+    )
+    Attempt.objects.filter(pk=attempt.pk, state__in=ACTIVE, last_seq__lt=beat.seq).update(
+        last_seq=beat.seq,
+        last_heartbeat_at=now,
+        heartbeat_deadline=heartbeat_deadline(attempt, now),
+        phase=beat.phase,
+        last_progress_at=Case(When(progressed, then=Value(now)), default=F("last_progress_at")),
+        step=beat.step if beat.step is not None else F("step"),
+        total_steps=beat.total_steps if beat.total_steps is not None else F("total_steps"),
+        loss=beat.loss if beat.loss is not None else F("loss"),
+        seconds_per_step=beat.seconds_per_step,
+        gpu_ok=beat.gpu_ok,
+        gpu_error=beat.gpu_error[:300],
+        bytes_down=beat.bytes_down,
+        bytes_up=beat.bytes_up,
+        log_tail=beat.log_tail[-LOG_TAIL_LIMIT:],
+        # checkpoint_now is delivered once; stop stays until the agent is gone.
+        pending_command=Value("") if command == "checkpoint_now" else F("pending_command"),
+    )
+    return {"command": command, "heartbeat_interval_s": attempt.job.heartbeat_interval_s}
+
+
+def record_exit(
+    attempt: Attempt, *, exit_code: int | None, reason: str, log_tail: str, now: datetime
+) -> None:
+    """Keep what the agent said about the end of the training process."""
+    Attempt.objects.filter(pk=attempt.pk).update(
+        exit_code=exit_code,
+        phase="exited",
+        log_tail=log_tail[-LOG_TAIL_LIMIT:],
+        end_reason=f"agent: {reason}"[:40],
+        last_heartbeat_at=now,
+    )
+
+
+def new_data_key() -> str:
+    """A random AES-256 key for one job's checkpoints, base64 for JSON and sealed storage."""
+    import os
+
+    return base64.b64encode(os.urandom(32)).decode()

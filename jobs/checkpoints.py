@@ -1,0 +1,160 @@
+"""Checkpoint uploads: plan presigned targets under the attempt's prefix, verify, publish.
+
+An attempt may write only under ``<job prefix>attempts/<n>/`` because the server builds every key
+from the authenticated attempt; a zombie agent on an old host cannot touch the new attempt's
+objects. A checkpoint is ready only when its object was verified and ``manifest.json`` beside it
+was written, last, with a create-only PUT.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import IntegrityError, transaction
+
+from jobs.models import Attempt, Checkpoint, CheckpointState
+from nomadgpu.storage import ObjectStore, object_store
+
+MANIFEST_VERSION = 1
+SINGLE_PUT_LIMIT = 64 * 1024 * 1024  # above this, multipart with parts of PART_SIZE
+PART_SIZE = 64 * 1024 * 1024
+MAX_PARTS = 10_000
+
+
+class CheckpointRefused(Exception):
+    """The agent's checkpoint request or report cannot be accepted; the message says why."""
+
+
+@dataclass(frozen=True)
+class UploadPlan:
+    checkpoint: Checkpoint
+    upload: dict
+
+
+def checkpoint_key(attempt: Attempt, step: int, *, encrypted: bool) -> str:
+    suffix = ".ngck" if encrypted else ""
+    return f"{attempt.storage_prefix}checkpoints/{step}/checkpoint.tar{suffix}"
+
+
+def manifest_key(checkpoint: Checkpoint) -> str:
+    return checkpoint.key.rsplit("/", 1)[0] + "/manifest.json"
+
+
+def parts_needed(size: int, part_size: int = PART_SIZE) -> int:
+    return max(1, -(-size // part_size))
+
+
+def plan_upload(attempt: Attempt, *, step: int, size: int, encrypted: bool) -> UploadPlan:
+    """Create (or reuse, when the agent asks again) the checkpoint row and its upload targets."""
+    if parts_needed(size) > MAX_PARTS:
+        raise CheckpointRefused(f"checkpoint of {size} bytes needs more than {MAX_PARTS} parts")
+    store = object_store(attempt.job.team)
+    checkpoint = _checkpoint_row(attempt, step=step, size=size, encrypted=encrypted, store=store)
+    if checkpoint.upload_id:
+        parts = [
+            {"part_number": n, "url": store.presign_part(checkpoint.key, checkpoint.upload_id, n)}
+            for n in range(1, parts_needed(size, checkpoint.part_size) + 1)
+        ]
+        upload = {"kind": "multipart", "part_size": checkpoint.part_size, "parts": parts}
+    else:
+        upload = {"kind": "single", "url": store.presign_put(checkpoint.key), "headers": {}}
+    return UploadPlan(checkpoint=checkpoint, upload=upload)
+
+
+def _checkpoint_row(
+    attempt: Attempt, *, step: int, size: int, encrypted: bool, store: ObjectStore
+) -> Checkpoint:
+    existing = Checkpoint.objects.filter(attempt=attempt, step=step).first()
+    if existing is not None:
+        if existing.state != CheckpointState.UPLOADING:
+            raise CheckpointRefused(f"checkpoint for step {step} is already {existing.state}")
+        if existing.size != size or existing.encrypted != encrypted:
+            raise CheckpointRefused(f"checkpoint for step {step} was announced with another size")
+        return existing
+    key = checkpoint_key(attempt, step, encrypted=encrypted)
+    upload_id = store.create_multipart(key) if size > SINGLE_PUT_LIMIT else ""
+    try:
+        with transaction.atomic():
+            return Checkpoint.objects.create(
+                job_id=attempt.job_id,
+                attempt=attempt,
+                step=step,
+                key=key,
+                size=size,
+                encrypted=encrypted,
+                upload_id=upload_id,
+                part_size=PART_SIZE if upload_id else None,
+            )
+    except IntegrityError:  # the same request twice at once: the other one created it
+        return Checkpoint.objects.get(attempt=attempt, step=step)
+
+
+def complete_upload(
+    checkpoint: Checkpoint,
+    *,
+    size: int,
+    sha256: str,
+    parts: list[tuple[int, str]],
+    now: datetime,
+) -> Checkpoint:
+    """Finish the upload, check the stored object, write the manifest last, mark it ready."""
+    if checkpoint.state == CheckpointState.READY:
+        if checkpoint.sha256 != sha256:
+            raise CheckpointRefused("checkpoint already completed with another sha256")
+        return checkpoint  # a repeated complete is harmless
+    if size != checkpoint.size:
+        raise CheckpointRefused(f"announced {checkpoint.size} bytes, completed {size}")
+    store = object_store(checkpoint.attempt.job.team)
+    if checkpoint.upload_id:
+        if len(parts) != parts_needed(size, checkpoint.part_size):
+            raise CheckpointRefused(f"expected {parts_needed(size)} parts, got {len(parts)}")
+        store.complete_multipart(checkpoint.key, checkpoint.upload_id, parts)
+    info = store.head(checkpoint.key)
+    if info is None or info.size != size:
+        found = "nothing" if info is None else f"{info.size} bytes"
+        raise CheckpointRefused(f"storage holds {found} at the checkpoint key, not {size} bytes")
+    manifest = {
+        "format_version": MANIFEST_VERSION,
+        "job": checkpoint.job_id,
+        "attempt": checkpoint.attempt.number,
+        "step": checkpoint.step,
+        "object": checkpoint.key.rsplit("/", 1)[1],
+        "size": size,
+        "sha256": sha256,
+        "encrypted": checkpoint.encrypted,
+        "created_at": now.isoformat(),
+    }
+    store.put_bytes(manifest_key(checkpoint), json.dumps(manifest).encode(), only_if_absent=True)
+    Checkpoint.objects.filter(pk=checkpoint.pk, state=CheckpointState.UPLOADING).update(
+        state=CheckpointState.READY, sha256=sha256, ready_at=now
+    )
+    checkpoint.refresh_from_db()
+    return checkpoint
+
+
+def newest_ready(job_id: int) -> Checkpoint | None:
+    """The checkpoint a new attempt resumes from."""
+    return (
+        Checkpoint.objects.filter(job_id=job_id, state=CheckpointState.READY)
+        .select_related("attempt")
+        .order_by("-step", "-ready_at")
+        .first()
+    )
+
+
+def prune_old(job_id: int, *, keep_last: int) -> list[str]:
+    """Delete ready checkpoints beyond the newest KEEP_LAST; return the deleted keys."""
+    stale = list(
+        Checkpoint.objects.filter(job_id=job_id, state=CheckpointState.READY)
+        .select_related("attempt__job__team")
+        .order_by("-step", "-ready_at")[keep_last:]
+    )
+    if not stale:
+        return []
+    store = object_store(stale[0].attempt.job.team)
+    keys = [key for c in stale for key in (c.key, manifest_key(c))]
+    store.delete_keys(keys)
+    Checkpoint.objects.filter(pk__in=[c.pk for c in stale]).update(state=CheckpointState.PRUNED)
+    return keys

@@ -1,0 +1,226 @@
+"""The agent API through its real URLs: tokens, register, heartbeats, checkpoints, exit."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import httpx
+import pytest
+
+from jobs.models import Attempt, Checkpoint, CheckpointState
+from tests.factories import JobFactory, make_attempt
+
+pytestmark = pytest.mark.django_db
+
+
+def call(client, token: str, name: str, body: dict | None = None):
+    return client.post(
+        f"/api/agent/{name}",
+        data=json.dumps(body or {}),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+
+
+def beat(seq: int, step: int | None = None, **extra) -> dict:
+    return {"seq": seq, "phase": "running", "step": step, "gpu": {"ok": True}, **extra}
+
+
+@pytest.fixture
+def local_storage(settings, tmp_path, live_server):
+    settings.STORAGE_BACKEND = "local"
+    settings.STORAGE_LOCAL_DIR = tmp_path / "objects"
+    settings.SITE_URL = live_server.url
+    return settings.STORAGE_LOCAL_DIR
+
+
+def test_an_unknown_token_gets_401_with_a_json_body(client):
+    response = call(client, "ngat_not-a-real-token-at-all", "register", {"agent_version": "1"})
+
+    assert response.status_code == 401
+    assert "detail" in response.json()
+
+
+def test_the_token_of_an_ended_attempt_gets_410_saying_stop(client):
+    attempt, token = make_attempt(state="ended", end_reason="host lost")
+
+    response = call(client, token, "heartbeat", beat(1, 5))
+
+    assert response.status_code == 410
+    assert "stop" in response.json()["detail"]
+    assert "host lost" in response.json()["detail"]
+
+
+def test_register_tells_the_agent_what_to_run(client):
+    job = JobFactory(command="python train.py", env={"LR": "2e-4"}, heartbeat_interval_s=10)
+    attempt, token = make_attempt(job)
+
+    body = call(client, token, "register", {"agent_version": "0.1", "gpus": []}).json()
+
+    assert body["command"] == "python train.py"
+    assert body["env"] == {"LR": "2e-4"}
+    assert body["heartbeat_interval_s"] == 10
+    assert body["resume"] is None
+    attempt.refresh_from_db()
+    assert attempt.registered_at is not None
+    assert attempt.heartbeat_deadline > attempt.registered_at
+
+
+def test_heartbeats_record_progress_and_move_the_deadline(client):
+    attempt, token = make_attempt()
+
+    first = call(client, token, "heartbeat", beat(1, 10, loss=1.5, bytes_down=100))
+    attempt.refresh_from_db()
+    deadline_1 = attempt.heartbeat_deadline
+    call(client, token, "heartbeat", beat(2, 12, loss=1.2))
+    attempt.refresh_from_db()
+
+    assert first.json() == {"command": "continue", "heartbeat_interval_s": 15}
+    assert attempt.step == 12
+    assert attempt.loss == 1.2
+    assert attempt.heartbeat_deadline >= deadline_1
+    assert attempt.last_seq == 2
+
+
+def test_a_repeated_or_out_of_order_heartbeat_is_harmless(client):
+    attempt, token = make_attempt()
+    call(client, token, "heartbeat", beat(5, 40))
+
+    replay = call(client, token, "heartbeat", beat(5, 40))
+    stale = call(client, token, "heartbeat", beat(3, 20))
+    attempt.refresh_from_db()
+
+    assert replay.status_code == 200
+    assert stale.status_code == 200
+    assert attempt.step == 40
+    assert attempt.last_seq == 5
+
+
+def test_a_bad_heartbeat_gets_422_saying_what_is_wrong(client):
+    _, token = make_attempt()
+
+    response = call(client, token, "heartbeat", {"seq": -1, "gpu": {"ok": True}})
+
+    assert response.status_code == 422
+    assert "seq" in json.dumps(response.json())
+
+
+def test_an_oversized_body_gets_413(client, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1024
+    _, token = make_attempt()
+
+    response = call(client, token, "heartbeat", beat(1, 1, log_tail="x" * 4000))
+
+    assert response.status_code == 413
+    assert "larger than" in response.json()["detail"]
+
+
+def test_checkpoint_now_is_delivered_once_and_stop_stays(client):
+    attempt, token = make_attempt()
+    Attempt.objects.filter(pk=attempt.pk).update(pending_command="checkpoint_now")
+
+    first = call(client, token, "heartbeat", beat(1, 1)).json()["command"]
+    second = call(client, token, "heartbeat", beat(2, 2)).json()["command"]
+    Attempt.objects.filter(pk=attempt.pk).update(pending_command="stop")
+    third = call(client, token, "heartbeat", beat(3, 3)).json()["command"]
+    fourth = call(client, token, "heartbeat", beat(4, 4)).json()["command"]
+
+    assert [first, second, third, fourth] == ["checkpoint_now", "continue", "stop", "stop"]
+
+
+def upload_checkpoint(client, token: str, step: int, data: bytes) -> dict:
+    plan = call(client, token, "checkpoints", {"step": step, "size": len(data)}).json()
+    assert plan["upload"]["kind"] == "single"
+    assert httpx.put(plan["upload"]["url"], content=data).status_code == 200
+    done = call(
+        client,
+        token,
+        f"checkpoints/{plan['checkpoint_id']}/complete",
+        {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()},
+    )
+    assert done.status_code == 200, done.content
+    return plan
+
+
+def test_a_checkpoint_becomes_ready_with_its_manifest_written(client, local_storage):
+    attempt, token = make_attempt()
+
+    plan = upload_checkpoint(client, token, 50, b"tar bytes" * 100)
+
+    checkpoint = Checkpoint.objects.get(pk=plan["checkpoint_id"])
+    assert checkpoint.state == CheckpointState.READY
+    assert checkpoint.key.startswith(attempt.storage_prefix)
+    manifest = json.loads((local_storage / checkpoint.key).with_name("manifest.json").read_text())
+    assert manifest["sha256"] == checkpoint.sha256
+    assert manifest["step"] == 50
+
+
+def test_a_complete_with_the_wrong_size_is_refused(client, local_storage):
+    _, token = make_attempt()
+    plan = call(client, token, "checkpoints", {"step": 1, "size": 10}).json()
+    httpx.put(plan["upload"]["url"], content=b"12345")
+
+    response = call(
+        client,
+        token,
+        f"checkpoints/{plan['checkpoint_id']}/complete",
+        {"size": 10, "sha256": "0" * 64},
+    )
+
+    assert response.status_code == 409
+    assert "5 bytes" in response.json()["detail"]
+
+
+def test_the_next_attempt_resumes_from_the_newest_ready_checkpoint(client, local_storage):
+    job = JobFactory()
+    first, token = make_attempt(job)
+    upload_checkpoint(client, token, 50, b"a" * 10)
+    upload_checkpoint(client, token, 100, b"b" * 20)
+    Attempt.objects.filter(pk=first.pk).update(state="ended")
+    _, token_2 = make_attempt(job, number=2)
+
+    resume = call(client, token_2, "register", {"agent_version": "0.1"}).json()["resume"]
+
+    assert resume["step"] == 100
+    assert httpx.get(resume["object"]["url"]).content == b"b" * 20
+    assert resume["object"]["sha256"] == hashlib.sha256(b"b" * 20).hexdigest()
+
+
+def test_old_checkpoints_are_pruned_to_keep_last(client, local_storage):
+    job = JobFactory(keep_last=2)
+    _, token = make_attempt(job)
+
+    for step in (10, 20, 30):
+        upload_checkpoint(client, token, step, b"x" * step)
+
+    states = dict(Checkpoint.objects.filter(job=job).values_list("step", "state"))
+    assert states == {10: "pruned", 20: "ready", 30: "ready"}
+
+
+def test_a_fenced_attempt_cannot_ask_for_upload_targets(client, local_storage):
+    attempt, token = make_attempt()
+    Attempt.objects.filter(pk=attempt.pk).update(state="ended", end_reason="replaced")
+
+    response = call(client, token, "checkpoints", {"step": 5, "size": 10})
+
+    assert response.status_code == 410
+
+
+def test_an_encrypted_job_refuses_plain_checkpoints(client, local_storage):
+    _, token = make_attempt(JobFactory(encrypt_checkpoints=True))
+
+    response = call(client, token, "checkpoints", {"step": 5, "size": 10, "encrypted": False})
+
+    assert response.status_code == 409
+    assert "encrypted" in response.json()["detail"]
+
+
+def test_exit_is_recorded(client):
+    attempt, token = make_attempt()
+
+    call(client, token, "exit", {"exit_code": 1, "reason": "failed", "log_tail": "Traceback"})
+
+    attempt.refresh_from_db()
+    assert attempt.exit_code == 1
+    assert attempt.log_tail == "Traceback"
