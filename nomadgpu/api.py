@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.db import connection
-from django.conf import settings
 from ninja import NinjaAPI, Schema
 
 api = NinjaAPI(

@@ -43,7 +43,7 @@ def test_an_unknown_token_gets_401_with_a_json_body(client):
 
 
 def test_the_token_of_an_ended_attempt_gets_410_saying_stop(client):
-    attempt, token = make_attempt(state="ended", end_reason="host lost")
+    _, token = make_attempt(state="ended", end_reason="host lost")
 
     response = call(client, token, "heartbeat", beat(1, 5))
 
