@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 from django.db.models import Case, F, Q, Value, When
 
-from jobs import checkpoints
+from jobs import checkpoints, losses
 from jobs.models import Attempt, AttemptState
 from jobs.tokens import token_matches, token_prefix
 from nomadgpu.storage import object_store
@@ -53,22 +53,29 @@ def heartbeat_deadline(attempt: Attempt, now: datetime) -> datetime:
 
 
 def register_agent(attempt: Attempt, *, now: datetime) -> dict:
-    """Record the agent's arrival and tell it what to run and where to resume from."""
+    """Record the agent's arrival and tell it what to run and where to resume from.
+
+    Idempotent while the attempt lives: an agent restarted in the same container registers
+    again and continues its heartbeat sequence above ``heartbeat_seq``.
+    """
+    job = attempt.job
+    resume = resume_instructions(job.pk)
     Attempt.objects.filter(pk=attempt.pk, state__in=ACTIVE).update(
         registered_at=now,
         last_heartbeat_at=now,
         heartbeat_deadline=heartbeat_deadline(attempt, now),
+        resumed_from_step=resume["step"] if resume else 0,
     )
-    job = attempt.job
     return {
         "job_id": job.pk,
         "attempt_no": attempt.number,
+        "heartbeat_seq": max(attempt.last_seq, 0),
         "command": job.command,
         "env": job.env,
         "total_steps": job.total_steps,
         "heartbeat_interval_s": job.heartbeat_interval_s,
         "checkpoint": {"keep_last": job.keep_last, "upload_part_size": checkpoints.PART_SIZE},
-        "resume": resume_instructions(job.pk),
+        "resume": resume,
         "encryption": _encryption(job),
     }
 
@@ -112,15 +119,22 @@ class Heartbeat:
 
 
 def record_heartbeat(attempt: Attempt, beat: Heartbeat, *, now: datetime) -> dict:
-    """Store BEAT with one guarded update and answer with the command for the agent."""
+    """Store BEAT with one guarded update and answer with the command for the agent.
+
+    A GPU fault or a stall pulls the deadline to now, so the watchdog's indexed query of due
+    attempts finds it on its next tick; training reported running moves the job to running.
+    """
     command = attempt.pending_command or "continue"
+    deadline = heartbeat_deadline(attempt, now)
+    if not beat.gpu_ok or _stalled(attempt, beat, now):
+        deadline = now
     progressed = (
         Q(step__isnull=True) | Q(step__lt=beat.step) if beat.step is not None else Q(pk=None)
     )
     Attempt.objects.filter(pk=attempt.pk, state__in=ACTIVE, last_seq__lt=beat.seq).update(
         last_seq=beat.seq,
         last_heartbeat_at=now,
-        heartbeat_deadline=heartbeat_deadline(attempt, now),
+        heartbeat_deadline=deadline,
         phase=beat.phase,
         last_progress_at=Case(When(progressed, then=Value(now)), default=F("last_progress_at")),
         step=beat.step if beat.step is not None else F("step"),
@@ -135,20 +149,34 @@ def record_heartbeat(attempt: Attempt, beat: Heartbeat, *, now: datetime) -> dic
         # checkpoint_now is delivered once; stop stays until the agent is gone.
         pending_command=Value("") if command == "checkpoint_now" else F("pending_command"),
     )
+    if attempt.state == AttemptState.STARTING and beat.phase == "running":
+        losses.mark_running(attempt, now=now)
     return {"command": command, "heartbeat_interval_s": attempt.job.heartbeat_interval_s}
+
+
+def _stalled(attempt: Attempt, beat: Heartbeat, now: datetime) -> bool:
+    """No new step for the job's stall timeout while training (not restoring or uploading)."""
+    if beat.phase != "running" or beat.step is None or attempt.step is None:
+        return False
+    if beat.step > attempt.step:
+        return False
+    since = attempt.last_progress_at or attempt.running_at
+    return since is not None and (now - since).total_seconds() >= attempt.job.stall_timeout_s
 
 
 def record_exit(
     attempt: Attempt, *, exit_code: int | None, reason: str, log_tail: str, now: datetime
 ) -> None:
-    """Keep what the agent said about the end of the training process."""
+    """Keep what the agent said about the end of the training process, then end the attempt
+    (success finishes the job, a non-zero exit fails it; see ``losses.handle_exit``)."""
     Attempt.objects.filter(pk=attempt.pk).update(
         exit_code=exit_code,
         phase="exited",
         log_tail=log_tail[-LOG_TAIL_LIMIT:],
-        end_reason=f"agent: {reason}"[:40],
         last_heartbeat_at=now,
     )
+    attempt.refresh_from_db()
+    losses.handle_exit(attempt, exit_code=exit_code, reason=reason, now=now)
 
 
 def new_data_key() -> str:

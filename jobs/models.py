@@ -36,6 +36,21 @@ class Job(models.Model):
     heartbeat_interval_s = models.PositiveIntegerField(default=15)
     keep_last = models.PositiveSmallIntegerField(default=3)
     encrypt_checkpoints = models.BooleanField(default=False)
+    # What to rent (hosts.selection.Requirements fields) and what the cost model needs
+    # (image/model download sizes, reference seconds per step).
+    requirements = models.JSONField(default=dict, blank=True)
+    profile = models.JSONField(default=dict, blank=True)
+    start_timeout_s = models.PositiveIntegerField(default=1200)
+    stall_timeout_s = models.PositiveIntegerField(default=900)
+    max_script_retries = models.PositiveSmallIntegerField(default=0)
+    # Machines that failed this job; selection skips them.
+    avoid_machine_ids = models.JSONField(default=list, blank=True)
+    # When the re-rent loop may try again after finding no offer (backoff with a cap).
+    next_rent_at = models.DateTimeField(null=True, blank=True)
+    rent_backoff_s = models.PositiveIntegerField(default=0)
+    final_step = models.PositiveIntegerField(null=True, blank=True)
+    failure_reason = models.TextField(blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
     # Per-job data key for checkpoint encryption, sealed under FIELD_ENCRYPTION_KEY (the KEK).
     data_key = EncryptedTextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -108,8 +123,13 @@ class Attempt(models.Model):
     disk_gb = models.FloatField(default=0)
 
     # The agent's bearer token: a lookup prefix and a SHA-256 digest, never the token itself.
-    token_prefix = models.CharField(max_length=16, unique=True)
-    token_digest = models.CharField(max_length=64)
+    token_prefix = models.CharField(max_length=16, unique=True, null=True, blank=True)
+    token_digest = models.CharField(max_length=64, blank=True)
+    # Why this host: the selection's decision (chosen offer, top candidates, cost breakdowns).
+    decision = models.JSONField(default=dict, blank=True)
+    provider_status = models.CharField(max_length=20, blank=True)
+    provider_unknown_polls = models.PositiveSmallIntegerField(default=0)
+    resumed_from_step = models.PositiveIntegerField(null=True, blank=True)
 
     # Written by each heartbeat (one indexed row update); read by the watchdog.
     registered_at = models.DateTimeField(null=True, blank=True)
@@ -131,6 +151,7 @@ class Attempt(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
 
     created_at = models.DateTimeField(default=timezone.now)
+    requested_at = models.DateTimeField(null=True, blank=True)
     rented_at = models.DateTimeField(null=True, blank=True)
     running_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
@@ -197,3 +218,29 @@ class Checkpoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job} step {self.step} ({self.state})"
+
+
+class Interruption(models.Model):
+    """A host lost under a job: when it was last heard, detected, replaced and running again.
+
+    Every status-page number comes from these rows.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="interruptions")
+    attempt = models.OneToOneField(Attempt, on_delete=models.CASCADE, related_name="interruption")
+    cause = models.CharField(max_length=40)
+    detail = models.CharField(max_length=300, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    detected_at = models.DateTimeField()
+    replacement_rented_at = models.DateTimeField(null=True, blank=True)
+    running_again_at = models.DateTimeField(null=True, blank=True)
+    step_reached = models.PositiveIntegerField(null=True, blank=True)
+    resumed_step = models.PositiveIntegerField(null=True, blank=True)
+    cancelled_before_recovery = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["-detected_at"]
+        indexes = [models.Index(fields=["detected_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.job} lost host ({self.cause}) at {self.detected_at:%Y-%m-%d %H:%M:%S}"

@@ -1,18 +1,48 @@
 """The watchdog: one tick every few seconds (Celery beat) that notices lost hosts.
 
-For now a tick only records that the supervisor loop is alive; the loss conditions arrive with
-the supervisor. Every tick is an idempotent reconciler: a duplicate tick only wastes work.
+A host is lost when (DESIGN.md, "Failure detection"):
+1. the provider says so: instance missing, exited, offline, unknown for two polls, or outbid
+   (one paged list call per provider account, at most every ``PROVIDER_POLL_INTERVAL_S``);
+2. no heartbeat for the heartbeat timeout;  3. the agent reported a GPU fault;
+4. no training progress for ``stall_timeout``;  5. never registered within ``start_timeout``.
+
+Conditions 2-5 all surface through one indexed query: every attempt stores the moment by which
+it must be looked at (``heartbeat_deadline``). Renting sets it to the start timeout, each
+heartbeat pushes it forward, and a heartbeat that reports a GPU fault or a stall pulls it to
+now. A network blip shorter than the heartbeat timeout while the provider still says running is
+therefore not a loss. Every tick is an idempotent reconciler: a duplicate tick wastes work only.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db.models import F
 
+from hosts.vast import Instance, VastClient, VastError
+from jobs import losses, renting
+from jobs.models import LIVE_ATTEMPT_STATES, Attempt, AttemptState, Job
 from nomadgpu.models import ServiceHeartbeat
 
+logger = logging.getLogger(__name__)
+
 WATCHDOG = "watchdog"
+ACTIVE = [AttemptState.STARTING, AttemptState.RUNNING]
+LOST_STATUSES = frozenset({"exited", "offline"})
+ADOPT_AFTER = timedelta(seconds=30)
+REQUESTED_GRACE = timedelta(minutes=5)
+ORPHAN_GRACE = timedelta(minutes=2)
+
+
+@dataclass(frozen=True)
+class Loss:
+    attempt_id: int
+    cause: str
+    detail: str = ""
 
 
 def record_tick(*, now: datetime) -> None:
@@ -26,7 +56,165 @@ def record_tick(*, now: datetime) -> None:
         )
 
 
-def tick(*, now: datetime) -> dict:
+def tick(*, now: datetime, poll_provider: bool | None = None) -> dict:
     """Run one watchdog pass at NOW and say what it did."""
     record_tick(now=now)
-    return {"at": now.isoformat()}
+    if poll_provider is None:
+        poll_provider = provider_poll_due(now)
+    lost = [losses.handle_loss(loss, now=now) for loss in find_due_losses(now)]
+    if poll_provider:
+        lost += [losses.handle_loss(loss, now=now) for loss in poll_providers(now)]
+    planned = [renting.plan_rent(job_id, now=now) for job_id in jobs_needing_a_host(now)]
+    return {"lost": sum(bool(x) for x in lost), "planned": sum(p is not None for p in planned)}
+
+
+def provider_poll_due(now: datetime) -> bool:
+    """True when the last provider poll is older than the poll interval (claims the slot)."""
+    interval = timedelta(seconds=settings.PROVIDER_POLL_INTERVAL_S)
+    name = "provider-poll"
+    claimed = ServiceHeartbeat.objects.filter(name=name, last_seen_at__lte=now - interval).update(
+        last_seen_at=now, count=F("count") + 1
+    )
+    if claimed:
+        return True
+    _, created = ServiceHeartbeat.objects.get_or_create(name=name, defaults={"last_seen_at": now})
+    return created
+
+
+def find_due_losses(now: datetime) -> list[Loss]:
+    """Losses among attempts whose deadline passed (one indexed query), with their causes."""
+    due = Attempt.objects.filter(state__in=ACTIVE, heartbeat_deadline__lte=now).select_related(
+        "job"
+    )
+    return [loss for attempt in due if (loss := cause_of_due(attempt, now)) is not None]
+
+
+def cause_of_due(attempt: Attempt, now: datetime) -> Loss | None:
+    """Why a due attempt counts as lost (conditions 2-5), or None if it is not after all."""
+    job = attempt.job
+    if attempt.registered_at is None:
+        return Loss(attempt.pk, "never_registered", f"no agent within {job.start_timeout_s} s")
+    if attempt.gpu_ok is False:
+        return Loss(attempt.pk, "gpu_fault", attempt.gpu_error[:300])
+    timeout = timedelta(seconds=job.heartbeat_interval_s * 3)
+    if attempt.last_heartbeat_at is None or attempt.last_heartbeat_at + timeout <= now:
+        return Loss(attempt.pk, "heartbeat_timeout", f"silent for more than {timeout.seconds} s")
+    if is_stalled(attempt, now):
+        return Loss(attempt.pk, "stalled", f"step {attempt.step} for {job.stall_timeout_s} s")
+    return None
+
+
+def is_stalled(attempt: Attempt, now: datetime) -> bool:
+    """Training made no progress for the job's stall timeout (restores and uploads excluded)."""
+    if attempt.state != AttemptState.RUNNING or attempt.phase not in ("running", ""):
+        return False
+    since = attempt.last_progress_at or attempt.running_at or attempt.registered_at
+    return since is not None and since + timedelta(seconds=attempt.job.stall_timeout_s) <= now
+
+
+def provider_loss(attempt: Attempt, instance: Instance | None) -> Loss | None:
+    """What the provider's view of ATTEMPT's instance says (condition 1), or None if healthy."""
+    if instance is None:
+        return Loss(attempt.pk, "provider_gone", "instance no longer exists")
+    status = instance.actual_status
+    if status in LOST_STATUSES:
+        return Loss(attempt.pk, f"provider_{status}", instance.status_msg or "")
+    if status == "unknown" and attempt.provider_unknown_polls >= 1:
+        return Loss(attempt.pk, "provider_unknown", "no host heartbeat for two polls")
+    if instance.is_bid and status == "stopped" and instance.intended_status == "running":
+        return Loss(attempt.pk, "outbid", "interruptible instance paused by a higher bid")
+    return None
+
+
+def poll_providers(now: datetime) -> list[Loss]:
+    """One paged list call per account: provider-confirmed losses, adoptions, orphans."""
+    live = Attempt.objects.filter(state__in=LIVE_ATTEMPT_STATES).select_related("job__team")
+    by_account: dict[tuple[str, str], list[Attempt]] = defaultdict(list)
+    for attempt in live:
+        by_account[account_of(attempt.job.team)].append(attempt)
+    default_account = account_of(None)
+    by_account.setdefault(default_account, [])  # orphans are looked for on the server's account
+    found: list[Loss] = []
+    for (url, key), attempts in by_account.items():
+        try:
+            with VastClient(key, url) as client:
+                instances = client.list_instances()
+                found += reconcile_account(client, attempts, instances, now)
+        except VastError as exc:
+            logger.warning("provider poll of %s failed: %s", url, exc)
+    return found
+
+
+def account_of(team) -> tuple[str, str]:
+    url = (team.vast_url if team and team.vast_url else settings.VAST_URL).rstrip("/")
+    key = team.vast_api_key if team and team.vast_api_key else settings.VAST_API_KEY
+    return url, key
+
+
+def reconcile_account(
+    client: VastClient, attempts: list[Attempt], instances: list[Instance], now: datetime
+) -> list[Loss]:
+    by_id = {instance.id: instance for instance in instances}
+    by_label = {instance.label: instance for instance in instances if instance.label}
+    found: list[Loss] = []
+    for attempt in attempts:
+        if attempt.state == AttemptState.REQUESTED:
+            adopt_or_close(attempt, by_label.get(attempt.label), now)
+        elif attempt.state in ACTIVE and attempt.instance_id is not None:
+            instance = by_id.get(attempt.instance_id)
+            loss = provider_loss(attempt, instance)
+            note_provider_status(attempt, instance)
+            if loss is not None:
+                found.append(loss)
+    owned = {a.instance_id for a in attempts if a.instance_id} | {a.label for a in attempts}
+    reap_orphans(client, instances, owned, now)
+    return found
+
+
+def note_provider_status(attempt: Attempt, instance: Instance | None) -> None:
+    status = instance.actual_status if instance else "gone"
+    unknown = F("provider_unknown_polls") + 1 if status == "unknown" else 0
+    Attempt.objects.filter(pk=attempt.pk).update(
+        provider_status=status or "", provider_unknown_polls=unknown
+    )
+
+
+def adopt_or_close(attempt: Attempt, instance: Instance | None, now: datetime) -> None:
+    """A create whose outcome was unknown: adopt the labelled instance, or give up after grace."""
+    requested = attempt.requested_at or attempt.created_at
+    if now - requested < ADOPT_AFTER:
+        return  # the renting worker may still be waiting for the create call
+    if instance is not None:
+        logger.info("adopting instance %s for %s by its label", instance.id, attempt)
+        renting.record_rented(
+            attempt.pk, offer=None, instance_id=instance.id, decision={"adopted": True}, now=now
+        )
+    elif now - requested >= REQUESTED_GRACE:
+        renting.give_up_renting(attempt, now=now, why="instance creation never completed")
+
+
+def reap_orphans(client: VastClient, instances: list[Instance], owned: set, now: datetime) -> None:
+    """Destroy our labelled instances that no live attempt owns, after a grace period."""
+    for instance in instances:
+        if renting.parse_label(instance.label) is None:
+            continue  # not ours (or another environment's): never touched
+        if instance.id in owned or instance.label in owned:
+            continue
+        started = instance.start_date
+        if started is not None and now - started < ORPHAN_GRACE:
+            continue
+        logger.warning("destroying orphan instance %s (%s)", instance.id, instance.label)
+        try:
+            client.destroy_instance(instance.id)
+        except VastError as exc:
+            logger.warning("could not destroy orphan %s: %s", instance.id, exc)
+
+
+def jobs_needing_a_host(now: datetime) -> list[int]:
+    """Jobs waiting for a host with no live attempt whose backoff has passed."""
+    return list(
+        Job.objects.filter(state__in=renting.NEEDS_HOST)
+        .exclude(attempts__state__in=LIVE_ATTEMPT_STATES)
+        .exclude(next_rent_at__gt=now)
+        .values_list("pk", flat=True)
+    )

@@ -196,6 +196,8 @@ CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 WATCHDOG_INTERVAL_S = envfloat("WATCHDOG_INTERVAL_S", 5.0)
+# One paged instance-list call per provider account at most this often (DESIGN: ~10 s).
+PROVIDER_POLL_INTERVAL_S = envfloat("PROVIDER_POLL_INTERVAL_S", 10.0)
 CELERY_BEAT_SCHEDULE = {
     "watchdog-tick": {
         "task": "jobs.tasks.watchdog_tick",

@@ -50,8 +50,12 @@ def make_attempt(job=None, *, number: int = 1, state: str = "starting", **fields
     from jobs.tokens import issue_token
 
     issued = issue_token()
+    job = job or JobFactory()
+    if state in ("starting", "running") and job.state == "queued":
+        job.state = state  # the job follows its live attempt
+        job.save(update_fields=["state"])
     attempt = Attempt.objects.create(
-        job=job or JobFactory(),
+        job=job,
         number=number,
         state=state,
         token_prefix=issued.prefix,

@@ -1,0 +1,69 @@
+"""The fire drill: destroy a job's host on purpose and time the recovery (the field report's
+experiment). Works against the sandbox and against real Vast: it only calls destroy."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.utils import timezone
+
+from hosts.vast import VastClient
+from jobs.models import Attempt, AttemptState, Interruption, Job
+
+
+@dataclass(frozen=True)
+class DrillResult:
+    job_id: int
+    destroyed_instance: int
+    detection_s: float | None
+    rented_s: float | None
+    running_again_s: float | None
+    resumed_step: int | None
+
+
+class DrillError(Exception):
+    """The drill could not run or did not finish; the message says what to check."""
+
+
+def running_attempt(job: Job) -> Attempt:
+    attempt = job.attempts.filter(state=AttemptState.RUNNING).first()
+    if attempt is None or attempt.instance_id is None:
+        raise DrillError(f"job {job.pk} has no running host to destroy (state {job.state})")
+    return attempt
+
+
+def drill_once(
+    job: Job, *, timeout_s: float = 900, poll_s: float = 0.5, say: Callable[[str], None] = print
+) -> DrillResult:
+    """Destroy the job's running host and wait until training runs again elsewhere."""
+    attempt = running_attempt(job)
+    with VastClient.from_settings(job.team) as client:
+        client.destroy_instance(attempt.instance_id)
+    destroyed_at = timezone.now()
+    say(f"destroyed instance {attempt.instance_id} of job {job.pk} at step {attempt.step}")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        interruption = Interruption.objects.filter(attempt=attempt).first()
+        if interruption and interruption.running_again_at:
+            return _result(job, attempt, interruption, destroyed_at)
+        job.refresh_from_db()
+        if job.state in ("failed", "cancelled", "succeeded"):
+            raise DrillError(f"job {job.pk} ended ({job.state}) before running again")
+        time.sleep(poll_s)
+    raise DrillError(f"job {job.pk} did not run again within {timeout_s:.0f} s")
+
+
+def _result(job, attempt, interruption: Interruption, destroyed_at) -> DrillResult:
+    def since(moment):
+        return None if moment is None else (moment - destroyed_at).total_seconds()
+
+    return DrillResult(
+        job_id=job.pk,
+        destroyed_instance=attempt.instance_id,
+        detection_s=since(interruption.detected_at),
+        rented_s=since(interruption.replacement_rented_at),
+        running_again_s=since(interruption.running_again_at),
+        resumed_step=interruption.resumed_step,
+    )

@@ -1,0 +1,156 @@
+"""What happens when an attempt ends: a lost host, the training running (again), the command's
+exit, a cancel. Each is one transaction that closes the attempt with a guarded update (which
+also kills its token: the agent gets 410 from then on) and moves the job through
+``services.transition``; destroying the instance happens after commit."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import transaction
+from django.db.models import F
+
+from hosts.models import Machine
+from jobs import services
+from jobs.models import Attempt, AttemptState, Checkpoint, Interruption, Job, JobState
+
+ACTIVE = [AttemptState.STARTING, AttemptState.RUNNING]
+
+
+def close_attempt(attempt_id: int, *, reason: str, now: datetime, states=None) -> Attempt | None:
+    """Guarded close: the attempt if this call ended it, None if it had already ended."""
+    from jobs import tasks
+
+    states = states or [*ACTIVE, AttemptState.PLANNED, AttemptState.REQUESTED]
+    claimed = Attempt.objects.filter(pk=attempt_id, state__in=states).update(
+        state=AttemptState.ENDED, end_reason=reason[:40], ended_at=now, pending_command=""
+    )
+    if not claimed:
+        return None
+    attempt = Attempt.objects.select_related("job").get(pk=attempt_id)
+    if attempt.instance_id is not None:
+        services.after_commit(
+            tasks.destroy_instance.delay, attempt.job.team_id, attempt.instance_id
+        )
+    return attempt
+
+
+def handle_loss(loss, *, now: datetime) -> bool:
+    """The host of LOSS.attempt_id is lost: record it, release it, and ask for a replacement."""
+    with transaction.atomic():
+        attempt = close_attempt(loss.attempt_id, reason=loss.cause, now=now, states=ACTIVE)
+        if attempt is None:
+            return False
+        last_ready = (
+            Checkpoint.objects.filter(job_id=attempt.job_id, state="ready")
+            .order_by("-step")
+            .values_list("step", flat=True)
+            .first()
+        )
+        Interruption.objects.create(
+            job_id=attempt.job_id,
+            attempt=attempt,
+            cause=loss.cause,
+            detail=loss.detail[:300],
+            last_heartbeat_at=attempt.last_heartbeat_at,
+            detected_at=now,
+            step_reached=attempt.step,
+        )
+        remember_bad_machine(attempt)
+        services.transition(
+            attempt.job_id,
+            JobState.RECOVERING,
+            now=now,
+            kind="host_lost",
+            message=f"host lost ({loss.cause}) at step {attempt.step}; "
+            f"last checkpoint {last_ready}",
+            data={"cause": loss.cause, "step": attempt.step, "last_checkpoint": last_ready},
+        )
+    return True
+
+
+def remember_bad_machine(attempt: Attempt) -> None:
+    """Avoid this machine for this job, and count it against the machine for every job."""
+    if attempt.machine_id is None:
+        return
+    job = Job.objects.select_for_update().get(pk=attempt.job_id)
+    if attempt.machine_id not in job.avoid_machine_ids:
+        Job.objects.filter(pk=job.pk).update(
+            avoid_machine_ids=[*job.avoid_machine_ids, attempt.machine_id]
+        )
+    Machine.objects.filter(machine_id=attempt.machine_id).update(
+        interruptions=F("interruptions") + 1
+    )
+
+
+def mark_running(attempt: Attempt, *, now: datetime) -> None:
+    """The agent reports training running: the job runs (again); an open interruption closes."""
+    with transaction.atomic():
+        claimed = Attempt.objects.filter(pk=attempt.pk, state=AttemptState.STARTING).update(
+            state=AttemptState.RUNNING, running_at=now
+        )
+        if not claimed:
+            return
+        open_interruption = Interruption.objects.filter(
+            job_id=attempt.job_id, running_again_at=None, cancelled_before_recovery=False
+        ).first()
+        kind, message = "running", "training started"
+        if open_interruption is not None:
+            Interruption.objects.filter(pk=open_interruption.pk).update(
+                running_again_at=now, resumed_step=attempt.resumed_from_step or 0
+            )
+            downtime = (now - open_interruption.detected_at).total_seconds()
+            kind = "running_again"
+            resumed = attempt.resumed_from_step or 0
+            message = f"running again after {downtime:.0f} s, resumed from step {resumed}"
+        services.transition(attempt.job_id, JobState.RUNNING, now=now, kind=kind, message=message)
+
+
+def handle_exit(attempt: Attempt, *, exit_code: int | None, reason: str, now: datetime) -> None:
+    """The training command ended. Success finishes the job; a non-zero exit is the user's bug:
+    the job fails and nothing is re-rented (moving hosts does not fix code)."""
+    with transaction.atomic():
+        closed = close_attempt(attempt.pk, reason=f"exit {exit_code}", now=now, states=ACTIVE)
+        if closed is None or reason == "stopped":
+            return
+        if exit_code == 0:
+            services.transition(
+                attempt.job_id,
+                JobState.SUCCEEDED,
+                now=now,
+                kind="finished",
+                message=f"finished at step {closed.step}",
+                final_step=closed.step,
+                finished_at=now,
+            )
+        else:
+            services.transition(
+                attempt.job_id,
+                JobState.FAILED,
+                now=now,
+                kind="failed",
+                message=f"the training command exited with {exit_code}",
+                data={"exit_code": exit_code, "log_tail": closed.log_tail[-2000:]},
+                failure_reason=f"exit code {exit_code}",
+                finished_at=now,
+            )
+
+
+def cancel_job(job_id: int, *, now: datetime, by: str = "") -> None:
+    """Stop a job for good: release its machine, keep its checkpoints."""
+    with transaction.atomic():
+        services.transition(
+            job_id,
+            JobState.CANCELLED,
+            now=now,
+            kind="cancelled",
+            message=f"cancelled {by}".strip(),
+            finished_at=now,
+        )
+        for attempt_id in Attempt.objects.filter(
+            job_id=job_id, state__in=[*ACTIVE, AttemptState.PLANNED, AttemptState.REQUESTED]
+        ).values_list("pk", flat=True):
+            close_attempt(attempt_id, reason="cancelled", now=now)
+        Interruption.objects.filter(job_id=job_id, running_again_at=None).update(
+            cancelled_before_recovery=True
+        )

@@ -1,0 +1,242 @@
+"""Renting a host for a job, exactly once.
+
+1. ``plan_rent`` commits an ``Attempt`` row (PLANNED) before any provider call. A partial unique
+   index allows one live attempt per job, so two workers cannot both plan one.
+2. ``rent`` claims PLANNED → REQUESTED (with the agent token's digest) and commits, then asks
+   ``hosts`` to choose an offer and creates the instance labelled ``ngpu:<env>:<job>:<n>``.
+   A create whose outcome is unknown is never repeated: the reconciler adopts the instance by
+   its label, or closes the attempt after a grace period.
+3. ``record_rented`` stores the instance on the attempt and moves the job to ``starting``.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F, Max
+
+from hosts import selection
+from hosts.models import Machine
+from hosts.vast import CreateOutcomeUnknown, Offer, OfferGone, VastClient, VastError
+from jobs import services
+from jobs.bootstrap import render_bootstrap
+from jobs.models import (
+    LIVE_ATTEMPT_STATES,
+    Attempt,
+    AttemptState,
+    Interruption,
+    Job,
+    JobEvent,
+    JobState,
+)
+from jobs.tokens import issue_token
+
+logger = logging.getLogger(__name__)
+
+NEEDS_HOST = (JobState.QUEUED, JobState.RENTING, JobState.RECOVERING)
+MAX_CREATE_TRIES = 5
+BACKOFF_START_S = 15
+BACKOFF_CAP_S = 300
+
+
+def label_for(job: Job, number: int) -> str:
+    return f"ngpu:{settings.NOMADGPU_ENV}:{job.pk}:{number}"
+
+
+def parse_label(label: str | None) -> tuple[int, int] | None:
+    """(job id, attempt number) from one of our labels in this environment, else None."""
+    prefix = f"ngpu:{settings.NOMADGPU_ENV}:"
+    if not label or not label.startswith(prefix):
+        return None
+    try:
+        job_id, number = label[len(prefix) :].split(":")
+        return int(job_id), int(number)
+    except ValueError:
+        return None
+
+
+def plan_rent(job_id: int, *, now: datetime) -> Attempt | None:
+    """Commit the next attempt row for a job that needs a host; None when none is needed."""
+    from jobs import tasks
+
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(pk=job_id, state__in=NEEDS_HOST).first()
+        if job is None or (job.next_rent_at and job.next_rent_at > now):
+            return None
+        if job.attempts.filter(state__in=LIVE_ATTEMPT_STATES).exists():
+            return None
+        number = (job.attempts.aggregate(n=Max("number"))["n"] or 0) + 1
+        try:
+            with transaction.atomic():
+                attempt = Attempt.objects.create(
+                    job=job, number=number, label=label_for(job, number), created_at=now
+                )
+        except IntegrityError:
+            return None  # another worker planned this job's attempt first
+        if job.state != JobState.RENTING:
+            services.transition(job.pk, JobState.RENTING, now=now, kind="renting")
+        services.after_commit(tasks.rent_attempt.delay, attempt.pk)
+    return attempt
+
+
+def requirements_for(job: Job) -> selection.Requirements:
+    data = dict(job.requirements)
+    if "gpu_names" in data:
+        data["gpu_names"] = tuple(data["gpu_names"])
+    data["avoid_machine_ids"] = frozenset(job.avoid_machine_ids)
+    return selection.Requirements(**data)
+
+
+# Used when a job does not say: a typical PyTorch image, nothing else to download.
+PROFILE_DEFAULTS = {"image_gb": 5.0, "model_gb": 0.0, "upload_gb": 1.0}
+
+
+def profile_for(job: Job) -> selection.JobProfile:
+    resume_step = job.checkpoints.filter(state="ready").aggregate(s=Max("step"))["s"] or 0
+    data = {**PROFILE_DEFAULTS, "steps_total": job.total_steps or 0, **job.profile}
+    return selection.JobProfile(**{**data, "steps_done": resume_step})
+
+
+def speed_book(job: Job, offers: list[Offer]) -> selection.SpeedBook:
+    """Seconds per step this job showed on machines and GPU models it ran on before."""
+    seen = job.attempts.exclude(seconds_per_step=None).values_list(
+        "machine_id", "gpu_name", "seconds_per_step"
+    )
+    by_machine = {m: s for m, _, s in seen if m is not None}
+    by_model = {g: s for _, g, s in seen if g}
+    book = selection.SpeedBook(by_machine=by_machine, by_model=by_model)
+    return book.with_market(offers, job.requirements.get("num_gpus", 1))
+
+
+def rent(attempt_id: int, *, now: datetime, client: VastClient | None = None) -> str:
+    """Claim a planned attempt, choose an offer and create its instance; say what happened."""
+    token = issue_token()
+    claimed = Attempt.objects.filter(pk=attempt_id, state=AttemptState.PLANNED).update(
+        state=AttemptState.REQUESTED,
+        requested_at=now,
+        token_prefix=token.prefix,
+        token_digest=token.digest,
+    )
+    if not claimed:
+        return "not-planned"  # a duplicate message, or the job was cancelled meanwhile
+    attempt = Attempt.objects.select_related("job__team").get(pk=attempt_id)
+    job = attempt.job
+    client = client or VastClient.from_settings(job.team)
+    req, profile = requirements_for(job), profile_for(job)
+    try:
+        offers = client.search_offers(selection.vast_query(req), allocated_storage=req.disk_gb)
+    except VastError as exc:
+        return give_up_renting(attempt, now=now, why=f"offer search failed: {exc}")
+    decision = selection.choose_offer(offers, req, profile, speed_book(job, offers))
+    if decision is None:
+        return give_up_renting(attempt, now=now, why="no offer matches the requirements")
+    onstart = render_bootstrap(attempt, token=token.token)
+    for candidate in decision.candidates[:MAX_CREATE_TRIES]:
+        offer = candidate.offer
+        try:
+            created = client.create_instance(
+                offer.id, image=job.image, disk_gb=req.disk_gb, label=attempt.label, onstart=onstart
+            )
+        except OfferGone:
+            continue  # someone else rented it between search and create: next offer
+        except CreateOutcomeUnknown:
+            logger.warning("create for %s has an unknown outcome; adopting by label", attempt)
+            return "unknown"
+        except VastError as exc:
+            return give_up_renting(attempt, now=now, why=f"create failed: {exc}")
+        record_rented(
+            attempt.pk, offer=offer, instance_id=created.id, decision=decision.as_dict(), now=now
+        )
+        return "rented"
+    return give_up_renting(
+        attempt, now=now, why="every chosen offer was taken before we could rent it"
+    )
+
+
+def record_rented(
+    attempt_id: int, *, offer: Offer | None, instance_id: int, decision: dict, now: datetime
+) -> bool:
+    """Store the created instance on the attempt; move the job to starting. False when the
+    attempt was closed meanwhile (cancelled): then the instance is destroyed after commit."""
+    from jobs import tasks
+
+    with transaction.atomic():
+        fields = offer_fields(offer) if offer is not None else {}
+        claimed = Attempt.objects.filter(pk=attempt_id, state=AttemptState.REQUESTED).update(
+            state=AttemptState.STARTING,
+            instance_id=instance_id,
+            rented_at=now,
+            decision=decision,
+            **fields,
+        )
+        attempt = Attempt.objects.select_related("job").get(pk=attempt_id)
+        if not claimed:
+            services.after_commit(tasks.destroy_instance.delay, attempt.job.team_id, instance_id)
+            return False
+        start_deadline = now + timedelta(seconds=attempt.job.start_timeout_s)
+        Attempt.objects.filter(pk=attempt_id).update(heartbeat_deadline=start_deadline)
+        Job.objects.filter(pk=attempt.job_id).update(next_rent_at=None, rent_backoff_s=0)
+        Interruption.objects.filter(job_id=attempt.job_id, replacement_rented_at=None).update(
+            replacement_rented_at=now
+        )
+        note_machine_rented(attempt)
+        services.transition(
+            attempt.job_id,
+            JobState.STARTING,
+            now=now,
+            kind="rented",
+            message=f"rented instance {instance_id} "
+            f"({attempt.gpu_name or 'adopted'}, ${attempt.dph_base:.3f}/h)",
+            data={"instance_id": instance_id, "offer_id": attempt.offer_id},
+        )
+    return True
+
+
+def offer_fields(offer: Offer) -> dict:
+    return {
+        "offer_id": offer.id,
+        "machine_id": offer.machine_id,
+        "gpu_name": offer.gpu_name,
+        "dph_base": offer.dph_base or 0.0,
+        "storage_usd_per_gb_hour": offer.storage_usd_per_gb_hour or 0.0,
+        "download_usd_per_gb": offer.download_usd_per_gb or 0.0,
+        "upload_usd_per_gb": offer.upload_usd_per_gb or 0.0,
+    }
+
+
+def note_machine_rented(attempt: Attempt) -> None:
+    if attempt.machine_id is None:
+        return
+    machine, _ = Machine.objects.get_or_create(
+        machine_id=attempt.machine_id, defaults={"gpu_name": attempt.gpu_name}
+    )
+    Machine.objects.filter(pk=machine.pk).update(
+        rentals=F("rentals") + 1, last_seen_at=attempt.rented_at
+    )
+
+
+def give_up_renting(attempt: Attempt, *, now: datetime, why: str) -> str:
+    """Close the attempt, keep the job renting, back off with a cap; tell people once."""
+    with transaction.atomic():
+        Attempt.objects.filter(
+            pk=attempt.pk, state__in=[AttemptState.PLANNED, AttemptState.REQUESTED]
+        ).update(state=AttemptState.ENDED, end_reason="no_offers", ended_at=now)
+        job = Job.objects.get(pk=attempt.job_id)
+        backoff = min(max(job.rent_backoff_s * 2, BACKOFF_START_S), BACKOFF_CAP_S)
+        Job.objects.filter(pk=job.pk).update(
+            rent_backoff_s=backoff, next_rent_at=now + timedelta(seconds=backoff)
+        )
+        if not _no_offers_already_said(job):
+            services.record_event(job.pk, now=now, kind="no_offers", message=why)
+    return "no-offers"
+
+
+def _no_offers_already_said(job: Job) -> bool:
+    """True while the current episode (since the last rent) already has a no_offers event."""
+    last = (
+        JobEvent.objects.filter(job=job, kind__in=["no_offers", "rented"]).order_by("-id").first()
+    )
+    return last is not None and last.kind == "no_offers"

@@ -1,0 +1,103 @@
+"""The job state machine: every transition is one function here.
+
+Each claims the job row with a guarded update (``filter(pk=, state__in=allowed).update(...)``,
+exactly one row or the transition is refused), writes a ``JobEvent``, and defers side effects
+(provider calls, renting) with ``transaction.on_commit`` so nothing happens for a transaction
+that rolled back. Illegal transitions raise ``IllegalTransition``; they are never ignored.
+
+    queued → renting → starting → running → (recovering → renting …)
+           → succeeded | failed | cancelled | paused_budget
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import transaction
+
+from jobs.models import Job, JobEvent, JobState
+
+S = JobState
+TERMINAL = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
+ALLOWED_FROM: dict[str, frozenset[str]] = {
+    S.RENTING: frozenset({S.QUEUED, S.RECOVERING, S.RENTING}),
+    S.STARTING: frozenset({S.RENTING}),
+    S.RUNNING: frozenset({S.STARTING}),
+    S.RECOVERING: frozenset({S.STARTING, S.RUNNING}),
+    S.SUCCEEDED: frozenset({S.STARTING, S.RUNNING}),
+    S.FAILED: frozenset({S.QUEUED, S.RENTING, S.STARTING, S.RUNNING, S.RECOVERING}),
+    S.CANCELLED: frozenset(
+        {S.QUEUED, S.RENTING, S.STARTING, S.RUNNING, S.RECOVERING, S.PAUSED_BUDGET}
+    ),
+    S.PAUSED_BUDGET: frozenset({S.QUEUED, S.RENTING, S.STARTING, S.RUNNING, S.RECOVERING}),
+    S.QUEUED: frozenset({S.PAUSED_BUDGET}),
+}
+
+
+class IllegalTransition(Exception):
+    """The job is not in a state from which this transition is allowed."""
+
+    def __init__(self, job_id: int, to: str, current: str | None) -> None:
+        self.job_id, self.to, self.current = job_id, to, current
+        super().__init__(f"job {job_id} cannot go to {to} from {current or 'nowhere'}")
+
+
+def transition(
+    job_id: int,
+    to: str,
+    *,
+    now: datetime,
+    kind: str,
+    message: str = "",
+    data: dict | None = None,
+    **fields,
+) -> JobEvent:
+    """Move JOB_ID to TO if its current state allows it; record why; return the event.
+
+    Must run inside a transaction (the caller's), so the state, the event and any deferred
+    side effects commit together.
+    """
+    allowed = ALLOWED_FROM[to]
+    claimed = Job.objects.filter(pk=job_id, state__in=allowed).update(
+        state=to, updated_at=now, **fields
+    )
+    if claimed != 1:
+        current = Job.objects.filter(pk=job_id).values_list("state", flat=True).first()
+        raise IllegalTransition(job_id, to, current)
+    return JobEvent.objects.create(
+        job_id=job_id, created_at=now, kind=kind, message=message, data=data or {}
+    )
+
+
+def record_event(job_id: int, *, now: datetime, kind: str, message: str = "", **data) -> JobEvent:
+    """An event that does not change state (no offers, budget warning, checkpoint ready)."""
+    return JobEvent.objects.create(
+        job_id=job_id, created_at=now, kind=kind, message=message, data=data
+    )
+
+
+def is_terminal(state: str) -> bool:
+    return state in TERMINAL
+
+
+def after_commit(func, *args, **kwargs) -> None:
+    """Run FUNC once the current transaction commits (side effects never precede the state)."""
+    transaction.on_commit(lambda: func(*args, **kwargs))
+
+
+def submit_job(*, team, created_by, now: datetime, **fields) -> Job:
+    """Create a queued job and ask for a host after commit (the watchdog would find it too)."""
+    from jobs import renting
+
+    with transaction.atomic():
+        job = Job.objects.create(
+            team=team, created_by=created_by, state=S.QUEUED, created_at=now, **fields
+        )
+        if job.encrypt_checkpoints and not job.data_key:
+            from jobs.agent_services import new_data_key
+
+            job.data_key = new_data_key()
+            job.save(update_fields=["data_key"])
+        record_event(job.pk, now=now, kind="submitted", message=f"submitted by {created_by}")
+        after_commit(renting.plan_rent, job.pk, now=now)
+    return job
