@@ -1,0 +1,136 @@
+"""Job transitions: guarded, recorded, side effects only after commit, illegal ones refused."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from jobs import losses, services
+from jobs.models import Attempt, Interruption, JobEvent, JobState
+from jobs.watchdog import Loss
+from tests.factories import JobFactory, make_attempt
+
+pytestmark = pytest.mark.django_db
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def test_a_transition_moves_the_state_and_writes_an_event():
+    job = JobFactory(state=JobState.QUEUED)
+
+    event = services.transition(job.pk, JobState.RENTING, now=NOW, kind="renting")
+
+    job.refresh_from_db()
+    assert job.state == JobState.RENTING
+    assert event.kind == "renting"
+
+
+@pytest.mark.parametrize(
+    ("start", "to"),
+    [
+        (JobState.SUCCEEDED, JobState.RENTING),
+        (JobState.CANCELLED, JobState.RUNNING),
+        (JobState.QUEUED, JobState.RUNNING),
+        (JobState.FAILED, JobState.RECOVERING),
+        (JobState.RUNNING, JobState.STARTING),
+    ],
+)
+def test_an_illegal_transition_is_refused(start, to):
+    job = JobFactory(state=start)
+
+    with pytest.raises(services.IllegalTransition) as refused:
+        services.transition(job.pk, to, now=NOW, kind="x")
+
+    job.refresh_from_db()
+    assert job.state == start
+    assert refused.value.current == start
+    assert not JobEvent.objects.filter(job=job, kind="x").exists()
+
+
+def test_a_loss_closes_the_attempt_records_an_interruption_and_destroys_after_commit(
+    django_capture_on_commit_callbacks, monkeypatch
+):
+    destroyed = []
+    monkeypatch.setattr(
+        "jobs.tasks.destroy_instance.delay", lambda team, instance: destroyed.append(instance)
+    )
+    attempt, _ = make_attempt(state="running", instance_id=4242, machine_id=77, step=150)
+
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        assert losses.handle_loss(Loss(attempt.pk, "provider_gone"), now=NOW)
+        assert destroyed == []  # not before commit
+    for callback in callbacks:
+        callback()
+
+    attempt.refresh_from_db()
+    job = attempt.job
+    job.refresh_from_db()
+    assert attempt.state == "ended"
+    assert job.state == JobState.RECOVERING
+    assert job.avoid_machine_ids == [77]
+    assert Interruption.objects.get(attempt=attempt).step_reached == 150
+    assert destroyed == [4242]
+
+
+def test_a_second_loss_report_for_the_same_attempt_does_nothing(monkeypatch):
+    monkeypatch.setattr("jobs.tasks.destroy_instance.delay", lambda *a: None)
+    attempt, _ = make_attempt(state="running", instance_id=1)
+
+    first = losses.handle_loss(Loss(attempt.pk, "heartbeat_timeout"), now=NOW)
+    second = losses.handle_loss(Loss(attempt.pk, "provider_gone"), now=NOW)
+
+    assert (first, second) == (True, False)
+    assert Interruption.objects.filter(attempt=attempt).count() == 1
+
+
+def test_running_again_closes_the_interruption_with_the_resumed_step(monkeypatch):
+    monkeypatch.setattr("jobs.tasks.destroy_instance.delay", lambda *a: None)
+    lost, _ = make_attempt(state="running", instance_id=1)
+    losses.handle_loss(Loss(lost.pk, "provider_gone"), now=NOW)
+    job = lost.job
+    services.transition(job.pk, JobState.RENTING, now=NOW, kind="renting")
+    services.transition(job.pk, JobState.STARTING, now=NOW, kind="rented")
+    new, _ = make_attempt(job, number=2, state="starting", resumed_from_step=100)
+
+    losses.mark_running(new, now=NOW + timedelta(minutes=5))
+
+    interruption = Interruption.objects.get(attempt=lost)
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+    assert interruption.resumed_step == 100
+    assert interruption.running_again_at == NOW + timedelta(minutes=5)
+    assert job.events.filter(kind="running_again").exists()
+
+
+def test_a_nonzero_exit_fails_the_job_and_rents_nothing(monkeypatch):
+    monkeypatch.setattr("jobs.tasks.destroy_instance.delay", lambda *a: None)
+    attempt, _ = make_attempt(state="running", instance_id=1, log_tail="ValueError: boom")
+
+    losses.handle_exit(attempt, exit_code=3, reason="failed", now=NOW)
+
+    job = attempt.job
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED
+    assert job.failure_reason == "exit code 3"
+    assert not Attempt.objects.filter(job=job, state__in=["planned", "requested"]).exists()
+
+
+def test_exit_zero_finishes_the_job(monkeypatch):
+    monkeypatch.setattr("jobs.tasks.destroy_instance.delay", lambda *a: None)
+    attempt, _ = make_attempt(state="running", instance_id=1, step=300)
+
+    losses.handle_exit(attempt, exit_code=0, reason="finished", now=NOW)
+
+    attempt.job.refresh_from_db()
+    assert attempt.job.state == JobState.SUCCEEDED
+    assert attempt.job.final_step == 300
+
+
+def test_cancel_during_recovery_marks_the_interruption(monkeypatch):
+    monkeypatch.setattr("jobs.tasks.destroy_instance.delay", lambda *a: None)
+    attempt, _ = make_attempt(state="running", instance_id=1)
+    losses.handle_loss(Loss(attempt.pk, "provider_gone"), now=NOW)
+
+    losses.cancel_job(attempt.job_id, now=NOW)
+
+    assert Interruption.objects.get(attempt=attempt).cancelled_before_recovery

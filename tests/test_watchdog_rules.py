@@ -1,0 +1,99 @@
+"""The loss rules as plain decisions: which due attempt is lost, and why."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from hosts.vast import Instance
+from jobs.models import Attempt, Job
+from jobs.watchdog import cause_of_due, provider_loss
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def attempt(**fields) -> Attempt:
+    job = Job(heartbeat_interval_s=15, stall_timeout_s=600, start_timeout_s=900)
+    defaults = {
+        "pk": 1,
+        "state": "running",
+        "registered_at": NOW - timedelta(minutes=10),
+        "last_heartbeat_at": NOW - timedelta(seconds=5),
+        "running_at": NOW - timedelta(minutes=9),
+        "last_progress_at": NOW - timedelta(seconds=20),
+        "phase": "running",
+        "gpu_ok": True,
+    }
+    a = Attempt(**{**defaults, **fields})
+    a.job = job
+    return a
+
+
+def instance(status: str | None, **fields) -> Instance:
+    base = {f: None for f in Instance.__dataclass_fields__ if f not in ("env", "raw")}
+    return Instance(**{**base, "id": 9, "actual_status": status, **fields})
+
+
+def test_never_registered_is_a_loss():
+    loss = cause_of_due(attempt(registered_at=None, last_heartbeat_at=None), NOW)
+
+    assert loss.cause == "never_registered"
+
+
+def test_a_gpu_fault_is_a_loss():
+    loss = cause_of_due(attempt(gpu_ok=False, gpu_error="Unknown Error"), NOW)
+
+    assert loss.cause == "gpu_fault"
+    assert "Unknown Error" in loss.detail
+
+
+def test_silence_past_three_intervals_is_a_loss():
+    loss = cause_of_due(attempt(last_heartbeat_at=NOW - timedelta(seconds=46)), NOW)
+
+    assert loss.cause == "heartbeat_timeout"
+
+
+def test_a_blip_shorter_than_the_timeout_is_not_a_loss():
+    assert cause_of_due(attempt(last_heartbeat_at=NOW - timedelta(seconds=30)), NOW) is None
+
+
+def test_no_progress_for_the_stall_timeout_is_a_loss():
+    loss = cause_of_due(attempt(last_progress_at=NOW - timedelta(seconds=601)), NOW)
+
+    assert loss.cause == "stalled"
+
+
+def test_no_progress_while_restoring_is_not_a_stall():
+    due = attempt(last_progress_at=NOW - timedelta(hours=1), phase="restoring")
+
+    assert cause_of_due(due, NOW) is None
+
+
+@pytest.mark.parametrize(
+    ("status", "cause"), [("exited", "provider_exited"), ("offline", "provider_offline")]
+)
+def test_the_provider_saying_exited_or_offline_is_a_loss(status, cause):
+    assert provider_loss(attempt(), instance(status)).cause == cause
+
+
+def test_a_missing_instance_is_a_loss():
+    assert provider_loss(attempt(), None).cause == "provider_gone"
+
+
+def test_unknown_counts_only_on_the_second_poll():
+    assert provider_loss(attempt(provider_unknown_polls=0), instance("unknown")) is None
+    assert provider_loss(attempt(provider_unknown_polls=1), instance("unknown")).cause == (
+        "provider_unknown"
+    )
+
+
+def test_an_outbid_interruptible_instance_is_a_loss():
+    paused = instance("stopped", is_bid=True, intended_status="running")
+
+    assert provider_loss(attempt(), paused).cause == "outbid"
+
+
+def test_running_and_loading_are_healthy():
+    assert provider_loss(attempt(), instance("running")) is None
+    assert provider_loss(attempt(state="starting"), instance("loading")) is None
