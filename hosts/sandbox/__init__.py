@@ -1,0 +1,1 @@
+"""The sandbox marketplace: a local Vast.ai look-alike reached over HTTP only (see README.md)."""

@@ -1,0 +1,359 @@
+"""Billing as Vast bills (``shared/vast-api.md`` §6-7), computed from recorded usage.
+
+The engine records *intervals* (GPU billed, storage billed) and *traffic* (bytes with a
+timestamp); nothing is accrued in place. Any window's charges, and an account's credit, are
+integrals over those records, so charges for any ``day`` window come out consistent with
+the credit, and a restart loses nothing.
+
+Rates are fixed per instance when it is created (copied from the offer): GPU $/h
+(``dph_base``, or the bid price for interruptible), storage $/h (``storage_cost`` $/GB/month
+* disk GB / 720), traffic $/GB each way. A GB of traffic is 1024³ bytes: the offers'
+``inet_*_cost`` are the hosts' $/TB prices divided by 1024. An ``overcharge`` injection
+multiplies the *billed quantities* of that contract, so its invoice stays self-consistent
+(quantity * rate = amount) but exceeds what was used.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from hosts.sandbox.query import QueryError, check_ops, compare
+from hosts.sandbox.state import Store
+
+GB = 1024**3
+CHARGES_DEFAULT_LIMIT, CHARGES_MAX_LIMIT = 100, 500
+INVOICES_DEFAULT_LIMIT, INVOICES_MAX_LIMIT = 60, 500
+DAY_MISSING = "Must provide both 'day' gte and lte filters in select_filters (unix timestamps)."
+
+
+class BillingError(ValueError):
+    """A bad request to a billing endpoint (400 for charges)."""
+
+    def __init__(self, msg: str, error: str = "invalid_args") -> None:
+        super().__init__(msg)
+        self.error = error
+
+
+@dataclass
+class Usage:
+    """What one contract used inside a window, and when."""
+
+    gpu_s: float = 0.0
+    disk_s: float = 0.0
+    down: int = 0
+    up: int = 0
+    first: float | None = None
+    last: float | None = None
+
+    def touch(self, a: float, b: float) -> None:
+        self.first = a if self.first is None else min(self.first, a)
+        self.last = b if self.last is None else max(self.last, b)
+
+    def empty(self) -> bool:
+        return not (self.gpu_s > 0 or self.disk_s > 0 or self.down or self.up)
+
+
+def window_usage(store: Store, instance_id: int, lo: float, hi: float, now: float) -> Usage:
+    """Usage of one instance clipped to [lo, hi] (open intervals run until ``now``)."""
+    usage = Usage()
+    for r in store.rows(
+        "SELECT kind, start, stop FROM usage WHERE instance_id = ? AND start <= ?"
+        " AND (stop IS NULL OR stop >= ?)",
+        (instance_id, hi, lo),
+    ):
+        a, b = max(r["start"], lo), min(r["stop"] if r["stop"] is not None else now, hi)
+        if b <= a:
+            continue
+        usage.touch(a, b)
+        if r["kind"] == "gpu":
+            usage.gpu_s += b - a
+        else:
+            usage.disk_s += b - a
+    for r in store.rows(
+        "SELECT direction, SUM(bytes) AS n, MIN(ts) AS a, MAX(ts) AS b FROM traffic"
+        " WHERE instance_id = ? AND ts >= ? AND ts <= ? GROUP BY direction",
+        (instance_id, lo, hi),
+    ):
+        usage.touch(r["a"], r["b"])
+        setattr(usage, "down" if r["direction"] == "down" else "up", int(r["n"]))
+    return usage
+
+
+def item_costs(inst: dict, usage: Usage) -> dict[str, tuple[float, float, str]]:
+    """Per category: (billed quantity, amount in $, description), overcharge applied."""
+    mult = 1.0 + float(inst["overcharge"]) / 100.0
+    gpu_h = usage.gpu_s / 3600.0 * mult
+    disk_h = usage.disk_s / 3600.0 * mult
+    down_gb, up_gb = usage.down / GB * mult, usage.up / GB * mult
+    disk_gb = float(json.loads(inst["config"])["disk"])
+    storage_month = json.loads(inst["offer"]).get("storage_cost", 0.0)
+    return {
+        "gpu": (
+            gpu_h,
+            gpu_h * inst["gpu_rate"],
+            f"{gpu_h:.3f} hours at ${inst['gpu_rate']:.3f}/hour",
+        ),
+        "disk": (
+            disk_h,
+            disk_h * inst["disk_rate"],
+            f"{disk_gb:.1f} GB for {disk_h:.3f} hours at ${storage_month:.3f}/GB/month",
+        ),
+        "bwd": (
+            down_gb,
+            down_gb * inst["down_rate"],
+            f"{down_gb:.3f} GB downloaded at ${inst['down_rate']:.6f}/GB",
+        ),
+        "bwu": (
+            up_gb,
+            up_gb * inst["up_rate"],
+            f"{up_gb:.3f} GB uploaded at ${inst['up_rate']:.6f}/GB",
+        ),
+    }
+
+
+def charge_result(inst: dict, usage: Usage) -> dict[str, Any]:
+    """One contract's charges in Vast's ``/api/v0/charges/`` result shape."""
+    start, end = int(usage.first or 0), int(usage.last or 0)
+    items, total = [], 0.0
+    for kind, (quantity, amount, text) in item_costs(inst, usage).items():
+        if quantity <= 0:
+            continue
+        total += amount
+        items.append(_entry(start, end, kind, None, text, amount, {}))
+    label = inst.get("label")
+    metadata = {"label": label} if label else {}
+    text = (
+        f"Instance {inst['id']} Charges - {human_duration((usage.last or 0) - (usage.first or 0))}"
+    )
+    return _entry(start, end, "instance", f"instance-{inst['id']}", text, total, metadata, items)
+
+
+def _entry(
+    start: int,
+    end: int,
+    kind: str,
+    source: str | None,
+    text: str,
+    amount: float,
+    metadata: dict,
+    items: list | None = None,
+) -> dict[str, Any]:
+    return {
+        "start": start,
+        "end": end,
+        "type": kind,
+        "source": source,
+        "description": text,
+        "amount": round(amount, 3),
+        "metadata": metadata,
+        "items": items or [],
+    }
+
+
+def human_duration(seconds: float) -> str:
+    for unit, size in (("days", 86400), ("hours", 3600), ("minutes", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{max(seconds, 0):.0f} seconds"
+
+
+def billed_total(store: Store, account_id: int, now: float) -> float:
+    """Everything an account has been billed so far (what credit is reduced by)."""
+    # Two grouped queries instead of two per instance: this runs on every rent and tick.
+    args = {"a": account_id, "now": now}
+    usage = {
+        r["id"]: (r, Usage())
+        for r in store.rows("SELECT * FROM instances WHERE account_id = :a", args)
+    }
+    for r in store.rows(
+        "SELECT u.instance_id AS iid, u.kind, SUM(MIN(COALESCE(u.stop, :now), :now) - u.start) AS s"
+        " FROM usage u JOIN instances i ON i.id = u.instance_id"
+        " WHERE i.account_id = :a AND u.start <= :now GROUP BY u.instance_id, u.kind",
+        args,
+    ):
+        setattr(usage[r["iid"]][1], "gpu_s" if r["kind"] == "gpu" else "disk_s", float(r["s"]))
+    for r in store.rows(
+        "SELECT t.instance_id AS iid, t.direction, SUM(t.bytes) AS n FROM traffic t"
+        " JOIN instances i ON i.id = t.instance_id WHERE i.account_id = :a AND t.ts <= :now"
+        " GROUP BY t.instance_id, t.direction",
+        args,
+    ):
+        setattr(usage[r["iid"]][1], "down" if r["direction"] == "down" else "up", int(r["n"]))
+    return sum(
+        amount for inst, u in usage.values() for _, amount, _ in item_costs(inst, u).values()
+    )
+
+
+def credit(store: Store, account_id: int, now: float) -> float:
+    """Top-ups minus everything billed: the spendable balance ``/users/current`` shows."""
+    paid = store.row(
+        "SELECT COALESCE(SUM(amount), 0) AS s FROM payments WHERE account_id = ?", (account_id,)
+    )
+    return float(paid["s"]) - billed_total(store, account_id, now)
+
+
+def charges(store: Store, account_id: int, params: dict, now: float) -> dict[str, Any]:
+    """``GET /api/v0/charges/``: one result per contract with usage in the ``day`` window."""
+    filters = params.get("select_filters")
+    lo, hi = _day_window(filters)
+    limit = _limit(params.get("limit"), CHARGES_DEFAULT_LIMIT, CHARGES_MAX_LIMIT)
+    offset = decode_token(params.get("after_token"))
+    results = []
+    if _type_allowed(filters.get("type")):
+        for inst in store.rows(
+            "SELECT * FROM instances WHERE account_id = ? AND created_at <= ?"
+            " AND (destroyed_at IS NULL OR destroyed_at >= ?)",
+            (account_id, hi, lo),
+        ):
+            usage = window_usage(store, inst["id"], lo, hi, now)
+            if not usage.empty():
+                results.append((usage.first, inst["id"], charge_result(inst, usage)))
+    results.sort(key=lambda r: (r[0], r[1]), reverse=bool(params.get("latest_first")))
+    page = [r[2] for r in results[offset : offset + limit]]
+    more = offset + limit < len(results)
+    return {
+        "success": True,
+        "count": len(page),
+        "total": len(results),
+        "next_token": encode_token(offset + limit) if more else None,
+        "results": page,
+    }
+
+
+def _day_window(filters: Any) -> tuple[float, float]:
+    day = filters.get("day") if isinstance(filters, dict) else None
+    if not isinstance(day, dict) or "gte" not in day or "lte" not in day:
+        raise BillingError(DAY_MISSING)
+    try:
+        return float(day["gte"]), float(day["lte"])
+    except (TypeError, ValueError) as exc:
+        raise BillingError(DAY_MISSING) from exc
+
+
+def _type_allowed(ops: Any) -> bool:
+    """Every sandbox contract is an instance; volumes and serverless do not exist here."""
+    if ops is None:
+        return True
+    try:
+        return all(compare("instance", op, v) for op, v in check_ops("type", ops).items())
+    except QueryError as exc:
+        raise BillingError(str(exc)) from exc
+
+
+def invoices(store: Store, account_id: int, params: dict, now: float) -> dict[str, Any]:
+    """``GET /api/v1/invoices/``: payments and credits (here: the top-ups)."""
+    filters = params.get("select_filters")
+    bounds = _when_bounds(filters)
+    if bounds is None:
+        return {"success": False, "error": "Invalid date range", "count": 0, "results": []}
+    rows = [
+        _invoice_row(p)
+        for p in store.rows(
+            "SELECT * FROM payments WHERE account_id = ? ORDER BY id", (account_id,)
+        )
+        if all(compare(p["created_at"], op, v) for op, v in bounds.items())
+        and _service_ok(p["service"], filters.get("service"))
+    ]
+    rows.sort(
+        key=lambda r: (r["start"], r["metadata"]["invoice_id"]),
+        reverse=params.get("latest_first", True) is not False,
+    )
+    rows = _order_invoices(rows, params.get("order_by"))
+    limit = _limit(params.get("limit"), INVOICES_DEFAULT_LIMIT, INVOICES_MAX_LIMIT)
+    offset = decode_token(params.get("after_token"))
+    page = rows[offset : offset + limit]
+    more = offset + limit < len(rows)
+    return {
+        "success": True,
+        "count": len(page),
+        "total": len(rows),
+        "next_token": encode_token(offset + limit) if more else None,
+        "results": page,
+    }
+
+
+def _when_bounds(filters: Any) -> dict[str, float] | None:
+    """The ``when`` range ops, or None when it lacks a lower or an upper bound."""
+    when = filters.get("when") if isinstance(filters, dict) else None
+    if not isinstance(when, dict) or not set(when) <= {"gte", "gt", "lte", "lt"}:
+        return None
+    try:
+        bounds = {op: float(v) for op, v in when.items()}
+    except (TypeError, ValueError):
+        return None
+    lower = [v for op, v in bounds.items() if op in ("gte", "gt")]
+    upper = [v for op, v in bounds.items() if op in ("lte", "lt")]
+    if not lower or not upper or max(lower) > min(upper):
+        return None
+    return bounds
+
+
+def _service_ok(service: str, ops: Any) -> bool:
+    if ops is None:
+        return True
+    return all(compare(service, op, v) for op, v in check_ops("service", ops).items())
+
+
+def _invoice_row(payment: dict) -> dict[str, Any]:
+    # Sign: Vast's own example shows a $25 Stripe top-up as -25.0 and the CLI flips the sign
+    # of every type but transfer/payout for display, so a deposit is negative here too.
+    return {
+        "start": int(payment["created_at"]),
+        "end": int(payment["created_at"]),
+        "type": "credit",
+        "source": "stripe",
+        "description": payment["description"],
+        "amount": -float(payment["amount"]),
+        "metadata": {"invoice_id": payment["id"], "service": payment["service"]},
+        "items": [],
+    }
+
+
+def _order_invoices(rows: list[dict], order_by: Any) -> list[dict]:
+    """Explicit ``order_by`` on when / paid_on / amount_cents overrides ``latest_first``."""
+    if not order_by:
+        return rows
+    keys = {"when": "start", "paid_on": "end", "amount_cents": "amount"}
+    for spec in reversed(order_by if isinstance(order_by, list) else [order_by]):
+        col, direction = (
+            (spec.get("col"), spec.get("dir", "asc")) if isinstance(spec, dict) else spec
+        )
+        if col not in keys:
+            raise BillingError(f"cannot order invoices by {col!r}", "invalid_request")
+        rows = sorted(
+            rows,
+            key=lambda r, k=keys[col]: abs(r[k]) if k == "amount" else r[k],
+            reverse=str(direction).lower() == "desc",
+        )
+    return rows
+
+
+def _limit(value: Any, default: int, maximum: int) -> int:
+    if value is None:
+        return default
+    try:
+        return max(1, min(int(value), maximum))
+    except (TypeError, ValueError) as exc:
+        raise BillingError("limit must be an integer") from exc
+
+
+def encode_token(offset: int) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"o": offset}).encode()).decode().rstrip("=")
+
+
+def decode_token(token: Any) -> int:
+    """The offset inside an ``after_token``; 400 ``invalid_token`` when it is not ours."""
+    if token in (None, ""):
+        return 0
+    try:
+        raw = base64.urlsafe_b64decode(str(token) + "=" * (-len(str(token)) % 4))
+        offset = json.loads(raw)["o"]
+    except (binascii.Error, ValueError, KeyError, TypeError) as exc:
+        raise BillingError("invalid after_token", "invalid_token") from exc
+    if not isinstance(offset, int) or offset < 0:
+        raise BillingError("invalid after_token", "invalid_token")
+    return offset

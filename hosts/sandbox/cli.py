@@ -1,0 +1,159 @@
+"""Command line: ``serve`` the marketplace, ``inject`` a failure, ``instances`` to look inside.
+
+Runs without Django (``python -m hosts.sandbox ...``); ``manage.py sandbox ...`` is a thin
+wrapper that only supplies the default state directory from the ``SANDBOX_DIR`` setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from hosts.sandbox.instances import INSTANCE_ACTIONS
+from hosts.sandbox.timing import Timing
+
+DEFAULT_STATE_DIR = Path(__file__).resolve().parents[2] / "var" / "sandbox"
+DEFAULT_URL = "http://127.0.0.1:8700"
+GLOBAL_ACTIONS = ("ratelimit",)
+
+
+def build_parser(default_state_dir: Path) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sandbox", description="Local Vast.ai-compatible marketplace."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the marketplace (HTTP, Vast REST API)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument(
+        "--port", type=int, default=8700, help="0 picks a free port (see server.json)"
+    )
+    serve.add_argument(
+        "--seed", type=int, default=None, help="pre-rent a seeded share of asks; jitter timings"
+    )
+    serve.add_argument(
+        "--market", type=Path, default=None, help="offers JSON (default: the bundled market)"
+    )
+    serve.add_argument("--state-dir", type=Path, default=default_state_dir)
+    serve.add_argument(
+        "--api-key", action="append", dest="api_keys", help="one account per key (repeatable)"
+    )
+    serve.add_argument("--credit", type=float, default=100.0, help="opening top-up per account, $")
+    serve.add_argument(
+        "--relaxed-rate-limits", action="store_true", help="no per-endpoint minimum intervals"
+    )
+    serve.add_argument(
+        "--retry-after", action="store_true", help="send Retry-After on 429 (Vast does not)"
+    )
+    serve.add_argument(
+        "--fast", action="store_true", help="every phase 0.1-1 s, transfers 100x faster"
+    )
+    serve.add_argument(
+        "--time-scale", type=float, default=None, help="multiply simulated durations"
+    )
+    serve.add_argument(
+        "--free-image-pull", action="store_true", help="do not bill image pulls as download"
+    )
+    serve.add_argument("--verbose", action="store_true", help="log every request")
+    inject = sub.add_parser("inject", help="inject a failure into a running sandbox")
+    inject.add_argument("action", choices=(*INSTANCE_ACTIONS, *GLOBAL_ACTIONS))
+    inject.add_argument("target", nargs="?", help="instance id (for ratelimit: the seconds)")
+    inject.add_argument("arg", nargs="?", help="hang|clear, FACTOR, PERCENT, end, SECONDS ...")
+    inject.add_argument("--url", default=os.environ.get("SANDBOX_URL", DEFAULT_URL))
+    show = sub.add_parser("instances", help="print every instance's sandbox-side state as JSON")
+    show.add_argument("--url", default=os.environ.get("SANDBOX_URL", DEFAULT_URL))
+    return parser
+
+
+def main(argv: list[str] | None = None, default_state_dir: Path | None = None) -> int:
+    args = build_parser(
+        Path(default_state_dir or os.environ.get("SANDBOX_DIR") or DEFAULT_STATE_DIR)
+    ).parse_args(argv)
+    if args.command == "serve":
+        return serve(args)
+    if args.command == "inject":
+        return inject(args)
+    return _print(_call(args.url, "GET", "/sandbox/instances"))
+
+
+def serve(args: argparse.Namespace) -> int:
+    from hosts.sandbox.server import App, Options
+
+    timing = Timing.fast(args.seed) if args.fast else Timing(seed=args.seed)
+    if args.time_scale is not None:
+        timing = Timing(args.time_scale, timing.floor_s, timing.cap_s, args.seed)
+    options = Options(
+        state_dir=args.state_dir,
+        host=args.host,
+        port=args.port,
+        market=args.market,
+        seed=args.seed,
+        api_keys=args.api_keys or ["sandbox-key"],
+        credit=args.credit,
+        relaxed_rate_limits=args.relaxed_rate_limits,
+        retry_after=args.retry_after,
+        timing=timing,
+        bill_image_pull=not args.free_image_pull,
+        verbose=args.verbose,
+    )
+    # SIGTERM ends serve_forever like Ctrl-C does, so instances are shut down cleanly.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    with contextlib.suppress(KeyboardInterrupt):
+        App(options).serve()
+    return 0
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def inject(args: argparse.Namespace) -> int:
+    """``inject ACTION INSTANCE_ID [ARG]``; ``inject ratelimit SECONDS`` needs no instance."""
+    if args.action in GLOBAL_ACTIONS:
+        seconds = args.arg if args.arg is not None else args.target
+        return _print(
+            _call(args.url, "POST", "/sandbox/inject", {"action": args.action, "arg": seconds})
+        )
+    if not args.target or not args.target.isdigit():
+        print(f"inject {args.action}: give the instance id", file=sys.stderr)
+        return 2
+    arg = args.arg
+    if args.action == "gpu-fault" and arg is None:
+        arg = "error"
+    return _print(
+        _call(
+            args.url, "POST", f"/sandbox/inject/{args.target}", {"action": args.action, "arg": arg}
+        )
+    )
+
+
+def _call(base: str, method: str, path: str, body: dict | None = None) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(  # noqa: S310 - the URL is the operator's own sandbox
+        base.rstrip("/") + path,
+        data=data,
+        method=method,
+        headers={"Content-Type": "application/json"},
+    )
+    # The sandbox is local; never send this through an instance's metering proxy.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=30) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+    except urllib.error.URLError as exc:
+        return 0, {"success": False, "msg": f"cannot reach the sandbox at {base}: {exc.reason}"}
+
+
+def _print(result: tuple[int, Any]) -> int:
+    status, body = result
+    print(json.dumps(body, indent=2))
+    return 0 if 200 <= status < 300 else 1

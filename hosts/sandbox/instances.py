@@ -1,0 +1,744 @@
+"""Instance lifecycle: rent, the phases Vast shows, user actions and injected failures.
+
+Stored ``status`` is one of created, loading, running, stopped, exited, rebooting. Two
+flags change what is served without changing it: ``host_online = 0`` shows ``offline``
+(Vast computes that status, it does not store it) and ``frozen`` (SIGSTOP, a network
+partition) still shows ``running`` — from outside, a partitioned host looks alive to Vast.
+
+Every change goes through ``_update``, which re-derives what is billed right now (GPU while
+running on an online host; storage while the instance exists on an online host) and opens
+or closes usage intervals to match. Billing therefore never drifts from the status.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import secrets
+import shlex
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hosts.sandbox import billing, gpu
+from hosts.sandbox.market import HOURS_PER_MONTH, Market, public
+from hosts.sandbox.processes import (
+    Processes,
+    group_alive,
+    group_belongs,
+    instance_env,
+    signal_group,
+)
+from hosts.sandbox.state import Store, log_event
+from hosts.sandbox.timing import (
+    CONTAINER_START_S,
+    REBOOT_S,
+    SCHEDULING_S,
+    STOP_GRACE_S,
+    Timing,
+    image_bytes,
+)
+
+LABEL_MAX = 1024
+PRICE_MIN, PRICE_MAX = 0.001, 128.0
+DEFAULT_DISK_GB = 10.0  # the SDK's default; the docs say 8
+ACTIVE = ("created", "loading", "running", "rebooting")  # statuses heading for / at running
+INSTANCE_ACTIONS = (
+    "destroy",
+    "freeze",
+    "thaw",
+    "offline",
+    "online",
+    "gpu-fault",
+    "slow",
+    "outbid",
+    "reboot",
+    "overcharge",
+)
+
+
+class ApiError(Exception):
+    """An error answered in Vast's shape: ``{"success": false, "error": ..., "msg": ...}``."""
+
+    def __init__(self, status: int, error: str, msg: str, **extra: Any) -> None:
+        super().__init__(msg)
+        self.status, self.error, self.msg, self.extra = status, error, msg, extra
+
+    def body(self) -> dict[str, Any]:
+        return {"success": False, "error": self.error, "msg": self.msg, **self.extra}
+
+
+class Engine:
+    """All instance state transitions. Thread-safe: each one is a store transaction."""
+
+    def __init__(
+        self,
+        store: Store,
+        market: Market,
+        timing: Timing,
+        state_dir: Path,
+        bill_image_pull: bool = True,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store, self.market, self.timing, self.clock = store, market, timing, clock
+        self.state_dir = state_dir
+        self.bill_image_pull = bill_image_pull
+        self.processes = Processes(self._on_exit)
+        self.url = ""  # the server's base URL, known once it is bound
+        self.stopping = False
+
+    # ---- lookups -------------------------------------------------------------------------
+
+    def get(self, instance_id: int) -> dict | None:
+        return self.store.row("SELECT * FROM instances WHERE id = ?", (instance_id,))
+
+    def owned(self, account_id: int, instance_id: int) -> dict | None:
+        """A live instance of this account, or None (Vast answers null / 404 alike)."""
+        inst = self.get(instance_id)
+        if inst is None or inst["account_id"] != account_id or inst["destroyed_at"] is not None:
+            return None
+        return inst
+
+    def rented_asks(self) -> set[int]:
+        rows = self.store.rows("SELECT ask_id FROM instances WHERE destroyed_at IS NULL")
+        return {r["ask_id"] for r in rows}
+
+    def gone_asks(self) -> set[int]:
+        return {r["ask_id"] for r in self.store.rows("SELECT ask_id FROM gone_asks")}
+
+    def scratch(self, instance_id: int) -> Path:
+        return self.state_dir / "instances" / str(instance_id)
+
+    # ---- create --------------------------------------------------------------------------
+
+    def create(self, account_id: int, ask_id: int, body: dict) -> dict:
+        """``PUT /asks/{id}/``: rent an ask. Exactly one of concurrent renters wins."""
+        config = _config(body)
+        now = self.clock()
+        with self.store.tx():
+            offer = self._available_offer(ask_id)
+            if config["disk"] > float(offer.get("disk_space", 0)):
+                raise ApiError(
+                    400,
+                    "invalid_args",
+                    f"disk {config['disk']} GB exceeds the offer's {offer['disk_space']} GB",
+                )
+            if billing.credit(self.store, account_id, now) <= 0:
+                raise ApiError(
+                    400,
+                    "insufficient_credit",
+                    "Your account has no credit left; add credit to rent.",
+                )
+            inst_id = self._insert(account_id, ask_id, offer, config, now)
+            self._prepare_scratch(inst_id, offer, config)
+            inst = self._initial_status(inst_id, offer, config, now)
+        return {
+            "success": inst["status"] != "stopped" or inst["intended"] != "stopped",
+            "new_contract": inst_id,
+            "instance_api_key": inst["api_key"],
+        }
+
+    def _available_offer(self, ask_id: int) -> dict:
+        offer = self.market.get(ask_id)
+        taken = ask_id in self.rented_asks() or ask_id in self.gone_asks()
+        if offer is None or taken or ask_id in self.market.taken_by_others:
+            raise ApiError(
+                404,
+                "no_such_ask",
+                f"error 404/3603: no_such_ask  Instance type by id {ask_id} is not available.",
+                ask_id=ask_id,
+            )
+        return offer
+
+    def _insert(self, account_id: int, ask_id: int, offer: dict, config: dict, now: float) -> int:
+        is_bid = config["price"] is not None
+        gpu_rate = float(config["price"] if is_bid else offer["dph_base"])
+        disk_rate = float(offer.get("storage_cost", 0.0)) * config["disk"] / HOURS_PER_MONTH
+        return self.store.run(
+            "INSERT INTO instances (account_id, ask_id, offer, config, api_key, label, created_at,"
+            " status, intended, is_bid, gpu_rate, disk_rate, down_rate, up_rate, image_bytes)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, 'created', 'running', ?, ?, ?, ?, ?, ?)",
+            (
+                account_id,
+                ask_id,
+                json.dumps(public(offer)),
+                json.dumps(config),
+                secrets.token_hex(32),
+                config["label"],
+                now,
+                int(is_bid),
+                gpu_rate,
+                disk_rate,
+                float(offer.get("inet_down_cost", 0.0)),
+                float(offer.get("inet_up_cost", 0.0)),
+                image_bytes(config["image"]),
+            ),
+        )
+
+    def _initial_status(self, inst_id: int, offer: dict, config: dict, now: float) -> dict:
+        log_event(self.store, inst_id, now, "created", f"ask {offer['id']}")
+        if config["target_state"] == "stopped":
+            return self._update(inst_id, now, status="stopped", intended="stopped")
+        if config["price"] is not None and config["price"] < float(offer.get("min_bid", 0.0)):
+            # A bid under the floor is paused until it has priority, like an outbid one.
+            return self._update(
+                inst_id, now, status="stopped", outbid=1, status_msg="outbid: bid below min_bid"
+            )
+        deadline = now + self.timing.phase(SCHEDULING_S, inst_id, "scheduling")
+        return self._update(inst_id, now, status="created", deadline=deadline)
+
+    def _prepare_scratch(self, inst_id: int, offer: dict, config: dict) -> None:
+        scratch = self.scratch(inst_id)
+        scratch.mkdir(parents=True, exist_ok=True)
+        gpu.install(scratch, inst_id, offer)
+        (scratch / "onstart.sh").write_text(_script(config))
+        self._write_slow(inst_id, 1.0)
+
+    def _write_slow(self, inst_id: int, injected: float) -> None:
+        inst = self.get(inst_id)
+        factor = injected * self.market.speed_factor(inst["ask_id"]) if inst else injected
+        (self.scratch(inst_id) / "slow").write_text(f"{factor:.4f}\n")
+
+    # ---- the one place a row changes -----------------------------------------------------
+
+    def _update(self, inst_id: int, now: float, event: str | None = None, **fields: Any) -> dict:
+        """Write fields, log a status change, and make the open usage intervals match."""
+        with self.store.tx():
+            before = self.get(inst_id)
+            if fields:
+                sets = ", ".join(f"{k} = ?" for k in fields)
+                # Column names come from this module's keyword arguments, never from a request.
+                sql = f"UPDATE instances SET {sets} WHERE id = ?"  # noqa: S608
+                self.store.run(sql, (*fields.values(), inst_id))
+            inst = self.get(inst_id)
+            if event or _shown(before) != _shown(inst):
+                detail = "" if event else inst["status_msg"]
+                log_event(self.store, inst_id, now, event or _shown(inst), detail)
+            self._sync_usage(inst, now)
+            return inst
+
+    def _sync_usage(self, inst: dict, now: float) -> None:
+        want = billed_kinds(inst)
+        open_rows = self.store.rows(
+            "SELECT id, kind FROM usage WHERE instance_id = ? AND stop IS NULL", (inst["id"],)
+        )
+        for r in open_rows:
+            if r["kind"] not in want:
+                self.store.run("UPDATE usage SET stop = ? WHERE id = ?", (now, r["id"]))
+        for kind in want - {r["kind"] for r in open_rows}:
+            self.store.run(
+                "INSERT INTO usage (instance_id, kind, start) VALUES (?, ?, ?)",
+                (inst["id"], kind, now),
+            )
+
+    # ---- phases --------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Advance every instance whose current phase has run out."""
+        now = self.clock()
+        due = self.store.rows(
+            "SELECT id FROM instances WHERE destroyed_at IS NULL AND host_online = 1"
+            " AND deadline IS NOT NULL AND deadline <= ?",
+            (now,),
+        )
+        for r in due:
+            self._advance(r["id"], now)
+
+    def _advance(self, inst_id: int, now: float) -> None:
+        with self.store.tx():
+            inst = self.get(inst_id)
+            if (
+                inst is None
+                or inst["destroyed_at"] is not None
+                or not inst["deadline"]
+                or inst["deadline"] > now
+            ):
+                return
+            if inst["status"] in ("created", "rebooting"):
+                self._load(inst, now)
+            elif inst["status"] == "loading":
+                self._finish_pull(inst, now)
+                self._run(inst, now)
+
+    def _load(self, inst: dict, now: float) -> dict:
+        """Enter ``loading``: pull the image (first time) or just start the container."""
+        offer = json.loads(inst["offer"])
+        if inst["image_cached"]:
+            seconds = self.timing.phase(CONTAINER_START_S, inst["id"], "start")
+        else:
+            seconds = self.timing.pull_s(
+                inst["image_bytes"], float(offer.get("inet_down", 100.0)), inst["id"]
+            )
+        return self._update(
+            inst["id"], now, status="loading", deadline=now + seconds, status_msg=""
+        )
+
+    def _finish_pull(self, inst: dict, now: float) -> None:
+        if inst["image_cached"]:
+            return
+        self.store.run("UPDATE instances SET image_cached = 1 WHERE id = ?", (inst["id"],))
+        if self.bill_image_pull:  # the pull crosses the host's metered link like any download
+            self.add_traffic(inst["id"], "down", inst["image_bytes"], now)
+
+    def _run(self, inst: dict, now: float) -> dict:
+        """Enter ``running`` and start the onstart script (if there is one)."""
+        config = json.loads(inst["config"])
+        pgid = None
+        if _script(config).strip():
+            pgid = self.processes.start(
+                inst["id"], self.scratch(inst["id"]), self._env(inst, config)
+            )
+        return self._update(
+            inst["id"],
+            now,
+            status="running",
+            deadline=None,
+            pgid=pgid,
+            frozen=0,
+            runs=inst["runs"] + 1,
+            status_msg="",
+        )
+
+    def _env(self, inst: dict, config: dict) -> dict[str, str]:
+        host_port = self.url.split("//", 1)[-1]
+        return instance_env(
+            instance_id=inst["id"],
+            api_key=inst["api_key"],
+            user_env=config["env"],
+            scratch=self.scratch(inst["id"]),
+            sandbox_url=self.url,
+            proxy_url=f"http://i{inst['id']}:{inst['api_key']}@{host_port}",
+        )
+
+    def _on_exit(self, inst_id: int, pgid: int, code: int | None) -> None:
+        """The container's last process ended on its own: Vast shows ``exited``."""
+        if self.stopping:
+            return
+        with self.store.tx():
+            inst = self.get(inst_id)
+            if inst is None or inst["destroyed_at"] is not None or inst["pgid"] != pgid:
+                return  # we stopped it on purpose (pgid was cleared first)
+            msg = (
+                f"onstart exited with code {code}"
+                if code is not None
+                else "container processes ended"
+            )
+            self._update(
+                inst_id, self.clock(), status="exited", pgid=None, deadline=None, status_msg=msg
+            )
+
+    # ---- user actions --------------------------------------------------------------------
+
+    def _release(self, inst_id: int, now: float, **fields: Any) -> tuple[dict, int | None]:
+        """``_update`` that also takes the process group away from the instance, reading it
+        inside the transaction: the ticker may have just started one."""
+        with self.store.tx():
+            pgid = self.get(inst_id)["pgid"]
+            return self._update(inst_id, now, pgid=None, **fields), pgid
+
+    def destroy(self, inst: dict, by: str = "user") -> None:
+        """Gone for good: processes killed, billing closed, the ask back on the market
+        (or, when the host vanished, off it)."""
+        now = self.clock()
+        with self.store.tx():
+            _, pgid = self._release(
+                inst["id"],
+                now,
+                event=f"destroyed by {by}",
+                destroyed_at=now,
+                destroyed_by=by,
+                deadline=None,
+            )
+            if by == "host":
+                self.store.run(
+                    "INSERT OR IGNORE INTO gone_asks (ask_id, at) VALUES (?, ?)",
+                    (inst["ask_id"], now),
+                )
+        self.processes.kill(pgid)
+
+    def stop(self, inst: dict, msg: str = "", intended: str = "stopped") -> dict:
+        updated, pgid = self._release(
+            inst["id"],
+            self.clock(),
+            status="stopped",
+            intended=intended,
+            deadline=None,
+            frozen=0,
+            status_msg=msg,
+        )
+        self.processes.kill(pgid, self.timing.phase(STOP_GRACE_S, inst["id"], "grace"))
+        return updated
+
+    def start(self, inst: dict) -> dict:
+        """``state: running``: restart a stopped or exited container (onstart runs again)."""
+        now = self.clock()
+        if inst["status"] in ACTIVE:
+            self._update(inst["id"], now, intended="running")
+            return {"success": True}
+        if inst["outbid"]:
+            self._update(inst["id"], now, intended="running")
+            return {
+                "success": False,
+                "error": "resources_unavailable",
+                "msg": "Required resources are currently unavailable; state change queued.",
+            }
+        if billing.credit(self.store, inst["account_id"], now) <= 0:
+            raise ApiError(
+                400,
+                "missing_billing",
+                "Your account has no credit left; add credit to start instances.",
+            )
+        with self.store.tx():
+            self._update(inst["id"], now, intended="running")
+            self._load(self.get(inst["id"]), now)
+        return {"success": True}
+
+    def set_label(self, inst: dict, label: Any) -> None:
+        if label is not None and not isinstance(label, str):
+            raise ApiError(400, "invalid_args", "label must be a string")
+        if label and len(label) > LABEL_MAX:
+            raise ApiError(400, "invalid_args", f"label_too_long: at most {LABEL_MAX} characters")
+        self._update(inst["id"], self.clock(), label=label)
+
+    def reboot(self, inst: dict) -> None:
+        """Container restart: processes killed, ``rebooting`` then ``loading``, onstart again."""
+        if inst["status"] == "stopped":
+            raise ApiError(400, "invalid_args", "instance is stopped; start it instead")
+        now = self.clock()
+        _, pgid = self._release(
+            inst["id"],
+            now,
+            status="rebooting",
+            intended="running",
+            frozen=0,
+            deadline=now + self.timing.phase(REBOOT_S, inst["id"], "reboot"),
+        )
+        self.processes.kill(pgid)
+
+    # ---- injections ----------------------------------------------------------------------
+
+    def inject(self, inst_id: int, action: str, arg: Any) -> dict:
+        """One failure injection (``POST /sandbox/inject/{id}``)."""
+        inst = self.get(inst_id)
+        if inst is None or (inst["destroyed_at"] is not None and action != "overcharge"):
+            raise ApiError(404, "no_such_instance", f"no live instance {inst_id}")
+        handler = getattr(self, "_inject_" + action.replace("-", "_"), None)
+        if action not in INSTANCE_ACTIONS or handler is None:
+            raise ApiError(
+                400,
+                "invalid_args",
+                f"unknown action {action!r}; one of {', '.join(INSTANCE_ACTIONS)}",
+            )
+        handler(inst, arg)
+        return self.debug_view(inst_id)
+
+    def _inject_destroy(self, inst: dict, arg: Any) -> None:
+        self.destroy(inst, by="host")
+
+    def _inject_freeze(self, inst: dict, arg: Any) -> None:
+        signal_group(inst["pgid"], signal.SIGSTOP)
+        self._update(inst["id"], self.clock(), event="frozen", frozen=1)
+
+    def _inject_thaw(self, inst: dict, arg: Any) -> None:
+        if inst["host_online"]:
+            signal_group(inst["pgid"], signal.SIGCONT)
+        self._update(inst["id"], self.clock(), event="thawed", frozen=0)
+
+    def _inject_offline(self, inst: dict, arg: Any) -> None:
+        signal_group(inst["pgid"], signal.SIGSTOP)  # the host is cut off: nothing gets in or out
+        self._update(inst["id"], self.clock(), host_online=0)
+
+    def _inject_online(self, inst: dict, arg: Any) -> None:
+        if not inst["frozen"]:
+            signal_group(inst["pgid"], signal.SIGCONT)
+        self._update(inst["id"], self.clock(), host_online=1)
+
+    def _inject_gpu_fault(self, inst: dict, arg: Any) -> None:
+        fault = {None: "error", "": "error", "error": "error", "hang": "hang", "clear": ""}.get(arg)
+        if fault is None:
+            raise ApiError(400, "invalid_args", "gpu-fault takes no argument, 'hang' or 'clear'")
+        gpu.write_state(self.scratch(inst["id"]), inst["id"], json.loads(inst["offer"]), fault)
+        self._update(
+            inst["id"], self.clock(), event=f"gpu-fault {fault or 'cleared'}", gpu_fault=fault
+        )
+
+    def _inject_slow(self, inst: dict, arg: Any) -> None:
+        factor = _positive(arg, "slow takes a factor > 0 (1.5 = 50% slower)")
+        self._write_slow(inst["id"], factor)
+        self._update(inst["id"], self.clock(), event=f"slow {factor}", slow=factor)
+
+    def _inject_outbid(self, inst: dict, arg: Any) -> None:
+        if arg in ("end", "resume"):
+            self._update(inst["id"], self.clock(), event="bid has priority again", outbid=0)
+            if inst["intended"] == "running" and inst["status"] == "stopped":
+                self.start(self.get(inst["id"]))
+            return
+        self._update(inst["id"], self.clock(), outbid=1)
+        self.stop(
+            self.get(inst["id"]),
+            msg="outbid: a higher bid took the machine",
+            intended=inst["intended"],
+        )
+
+    def _inject_reboot(self, inst: dict, arg: Any) -> None:
+        self.reboot(inst)
+
+    def _inject_overcharge(self, inst: dict, arg: Any) -> None:
+        percent = _positive(arg, "overcharge takes a percentage > 0")
+        self._update(inst["id"], self.clock(), event=f"overcharge {percent}%", overcharge=percent)
+
+    # ---- traffic, credit, restart ----------------------------------------------------------
+
+    def add_traffic(
+        self, inst_id: int, direction: str, nbytes: int, now: float | None = None
+    ) -> None:
+        if nbytes > 0:
+            self.store.run(
+                "INSERT INTO traffic (instance_id, ts, direction, bytes) VALUES (?, ?, ?, ?)",
+                (inst_id, now or self.clock(), direction, int(nbytes)),
+            )
+
+    def enforce_credit(self) -> None:
+        """An account at zero credit has its instances stopped (storage keeps billing)."""
+        now = self.clock()
+        active = self.store.rows(
+            "SELECT * FROM instances WHERE destroyed_at IS NULL"
+            " AND status IN ('created', 'loading', 'running', 'rebooting')"
+        )
+        broke: dict[int, bool] = {}
+        for inst in active:
+            account = inst["account_id"]
+            if account not in broke:
+                broke[account] = billing.credit(self.store, account, now) <= 0
+            if broke[account]:
+                self.stop(inst, msg="stopped: account credit exhausted")
+
+    def recover(self) -> None:
+        """After a sandbox restart: adopt surviving process groups, reboot the rest.
+
+        A group that is still alive (the sandbox was killed, its "hosts" were not) keeps
+        running and billing. Otherwise the host went down with the sandbox: its usage stops
+        at the last moment the sandbox was alive, and a running instance comes back the way a
+        rebooted Vast host's does — rebooting, loading, onstart again.
+        """
+        now = self.clock()
+        last_alive = min(float(self.store.meta("alive") or now), now)
+        for inst in self.store.rows("SELECT * FROM instances WHERE destroyed_at IS NULL"):
+            pgid = inst["pgid"]
+            if pgid and group_alive(pgid) and group_belongs(pgid, inst["id"]):
+                self.processes.adopt(inst["id"], pgid)
+                continue
+            with self.store.tx():
+                self.store.run(
+                    "UPDATE usage SET stop = ? WHERE instance_id = ? AND stop IS NULL",
+                    (last_alive, inst["id"]),
+                )
+                if inst["status"] == "running":
+                    self._update(
+                        inst["id"],
+                        now,
+                        event="host restarted",
+                        status="rebooting",
+                        pgid=None,
+                        frozen=0,
+                        deadline=now + self.timing.phase(REBOOT_S, inst["id"], "reboot"),
+                    )
+                else:
+                    self._update(inst["id"], now, pgid=None)
+
+    def shutdown(self) -> None:
+        """The sandbox stops: every "host" powers off with it."""
+        self.stopping = True
+        self.store.set_meta("alive", repr(self.clock()))
+        self.processes.kill_all()
+
+    # ---- introspection (sandbox-only endpoints) --------------------------------------------
+
+    def debug_view(self, inst_id: int) -> dict:
+        """Everything the tests and the CLI may want to see, beyond Vast's fields."""
+        inst = self.get(inst_id)
+        now = self.clock()
+        usage = billing.window_usage(self.store, inst_id, float("-inf"), now, now)
+        costs = billing.item_costs(inst, usage)
+        events = self.store.rows(
+            "SELECT ts, kind, detail FROM events WHERE instance_id = ? ORDER BY id", (inst_id,)
+        )
+        return {
+            "id": inst_id,
+            "account_id": inst["account_id"],
+            "ask_id": inst["ask_id"],
+            "status": inst["status"],
+            "actual_status": shown_status(inst),
+            "intended": inst["intended"],
+            "destroyed_by": inst["destroyed_by"],
+            "pgid": inst["pgid"],
+            "runs": inst["runs"],
+            "frozen": bool(inst["frozen"]),
+            "host_online": bool(inst["host_online"]),
+            "outbid": bool(inst["outbid"]),
+            "gpu_fault": inst["gpu_fault"],
+            "slow": inst["slow"],
+            "overcharge": inst["overcharge"],
+            "scratch": str(self.scratch(inst_id)),
+            "image_bytes": inst["image_bytes"],
+            "billing_now": sorted(billed_kinds(inst)),
+            "rates": {
+                "gpu_per_hour": inst["gpu_rate"],
+                "disk_per_hour": inst["disk_rate"],
+                "down_per_gb": inst["down_rate"],
+                "up_per_gb": inst["up_rate"],
+            },
+            "usage": {
+                "gpu_s": usage.gpu_s,
+                "disk_s": usage.disk_s,
+                "down_bytes": usage.down,
+                "up_bytes": usage.up,
+            },
+            "billed": {k: amount for k, (_, amount, _) in costs.items()},
+            "events": events,
+        }
+
+
+def shown_status(inst: dict) -> str:
+    """``actual_status`` as Vast serves it."""
+    return "offline" if not inst["host_online"] else inst["status"]
+
+
+def _shown(inst: dict | None) -> str | None:
+    return shown_status(inst) if inst else None
+
+
+def billed_kinds(inst: dict) -> set[str]:
+    """What is billed at this moment: GPU while running, storage while the instance exists,
+    neither while its host is offline (``shared/vast-api.md`` §7)."""
+    if inst["destroyed_at"] is not None or not inst["host_online"]:
+        return set()
+    return {"gpu", "disk"} if inst["status"] == "running" else {"disk"}
+
+
+def _config(body: dict) -> dict:
+    """The create body, validated and normalised (``shared/vast-api.md`` §3)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "invalid_args", "body must be a JSON object")
+    image = body.get("image")
+    if not image or not isinstance(image, str):
+        if body.get("template_hash_id"):
+            raise ApiError(
+                400, "invalid_args", "templates are not available in the sandbox; pass image"
+            )
+        raise ApiError(400, "invalid_args", "image is required")
+    label = body.get("label")
+    if label is not None and (not isinstance(label, str) or len(label) > LABEL_MAX):
+        raise ApiError(
+            400, "invalid_args", f"label must be a string of at most {LABEL_MAX} characters"
+        )
+    args = body.get("args")
+    if args is not None and not isinstance(args, list):
+        raise ApiError(400, "invalid_args", "args must be a list")
+    return {
+        "image": image,
+        "disk": _disk(body.get("disk")),
+        "label": label,
+        "onstart": body.get("onstart") or "",
+        "env": _env(body.get("env")),
+        "runtype": body.get("runtype") or ("args" if args else "ssh"),
+        "args": args,
+        "price": _price(body.get("price")),
+        "target_state": _target(body.get("target_state")),
+        "template_hash_id": body.get("template_hash_id"),
+    }
+
+
+def _disk(value: Any) -> float:
+    if value is None:
+        return DEFAULT_DISK_GB
+    try:
+        disk = float(value)
+    except (TypeError, ValueError) as exc:
+        raise ApiError(400, "invalid_args", "disk must be a number of GB") from exc
+    if disk <= 0:
+        raise ApiError(400, "invalid_args", "disk must be positive")
+    return disk
+
+
+def _env(value: Any) -> dict[str, str]:
+    """``env`` as the SDK sends it (a JSON object); the OpenAPI's docker-flag string
+    (``"-e A=b -p 8000:8000"``) is accepted too, but the object form is the reference."""
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        return {str(k): "" if v is None else str(v) for k, v in value.items()}
+    if isinstance(value, str):
+        return _parse_docker_flags(value)
+    raise ApiError(400, "invalid_args", "env must be an object of variable names to values")
+
+
+def _parse_docker_flags(text: str) -> dict[str, str]:
+    result, words = {}, shlex.split(text)
+    for flag, value in itertools.pairwise(words):
+        if flag == "-e" and "=" in value:
+            key, _, val = value.partition("=")
+            result[key] = val
+        elif flag == "-p":
+            result[f"-p {value}"] = "1"
+    return result
+
+
+def _price(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        price = float(value)
+    except (TypeError, ValueError) as exc:
+        raise ApiError(400, "invalid_price", "price must be a number") from exc
+    if not PRICE_MIN <= price <= PRICE_MAX:
+        raise ApiError(
+            400, "invalid_price", f"price must be between {PRICE_MIN} and {PRICE_MAX} $/hour"
+        )
+    return price
+
+
+def _target(value: Any) -> str:
+    if value in (None, "running", "stopped"):
+        return value or "running"
+    raise ApiError(400, "invalid_args", "target_state must be 'running' or 'stopped'")
+
+
+def _positive(value: Any, message: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError) as exc:
+        raise ApiError(400, "invalid_args", message) from exc
+    if number <= 0:
+        raise ApiError(400, "invalid_args", message)
+    return number
+
+
+def _script(config: dict) -> str:
+    """What the container runs: the onstart script, or for the ``args`` runtype the
+    entrypoint (carried in ``onstart`` by the CLI) followed by the args."""
+    if config["runtype"] == "args" and config.get("args"):
+        words = ([config["onstart"]] if config["onstart"] else []) + [
+            str(a) for a in config["args"]
+        ]
+        return shlex.join(words) + "\n"
+    return config["onstart"]
+
+
+# The ticker thread lives with the engine it drives.
+def run_ticker(engine: Engine, interval_s: float, stop: threading.Event) -> None:
+    """Advance phases every ``interval_s``; once a second, enforce credit and note liveness."""
+    last_slow = 0.0
+    while not stop.wait(interval_s):
+        try:
+            engine.tick()
+            if engine.clock() - last_slow >= 1.0:
+                last_slow = engine.clock()
+                engine.enforce_credit()
+                engine.store.set_meta("alive", repr(last_slow))
+        except Exception:  # one bad tick must not stop the market
+            traceback.print_exc()
