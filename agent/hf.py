@@ -1,0 +1,75 @@
+"""Hugging Face Trainer support: ``NomadCallback`` follows the checkpoint protocol for you.
+
+    import os
+    from transformers import Trainer, TrainingArguments
+    from agent.hf import NomadCallback
+
+    args = TrainingArguments(output_dir=os.environ["NOMAD_CHECKPOINT_DIR"], save_steps=50, ...)
+    trainer = Trainer(model=model, args=args, ..., callbacks=[NomadCallback()])
+    trainer.train(resume_from_checkpoint=os.environ.get("NOMAD_RESUME_FROM"))
+
+It reports progress and loss, saves when the supervisor asks for a checkpoint, and marks each
+``checkpoint-<step>`` directory ready after the Trainer wrote it. ``output_dir`` must be
+``$NOMAD_CHECKPOINT_DIR``: the agent watches that directory. Avoid a small ``save_total_limit``
+(the Trainer deletes old checkpoints, possibly while the agent is still uploading them).
+
+This module imports without transformers installed; only using ``NomadCallback`` needs it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from agent import checkpoint_requested, mark_ready, report
+
+
+def _build_callback_class() -> type:
+    try:
+        from transformers import TrainerCallback
+    except ImportError as exc:
+        raise ImportError(
+            "agent.hf.NomadCallback needs the `transformers` package "
+            "(pip install transformers) in the training environment"
+        ) from exc
+
+    class NomadCallback(TrainerCallback):  # type: ignore[misc, valid-type]
+        """Progress, checkpoint-on-request and ready markers for the NomadGPU agent."""
+
+        def __init__(self) -> None:
+            self._loss: float | None = None
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            checkpoint_requested()  # installs the SIGUSR1 handler before the first step
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            if logs and "loss" in logs:
+                self._loss = logs["loss"]
+            report(state.global_step, state.max_steps or None, self._loss)
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            report(state.global_step, state.max_steps or None, self._loss)
+            if checkpoint_requested():
+                control.should_save = True
+            return control
+
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            path = checkpoint_path(args.output_dir, state.global_step)
+            if os.path.isdir(path):
+                mark_ready(path, state.global_step)
+
+    return NomadCallback
+
+
+def checkpoint_path(output_dir: str, step: int) -> str:
+    """Where the Trainer puts the checkpoint of STEP (its ``checkpoint-<step>`` naming)."""
+    return os.path.join(output_dir, f"checkpoint-{step}")
+
+
+def __getattr__(name: str) -> Any:
+    # Building the class imports transformers, so it happens on first use, not on import.
+    if name == "NomadCallback":
+        cls = _build_callback_class()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

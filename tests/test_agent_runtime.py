@@ -1,0 +1,346 @@
+"""The real agent (a subprocess) against a live fake supervisor and a real S3 protocol server,
+running the toy training script. Each test is one scenario from the agent's life."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import signal
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from agent.build import build_zipapp
+from agent.ckptcrypto import decrypt_stream
+from agent.runner import exit_report
+from tests.agent_fake_supervisor import (
+    FakeJob,
+    FakeS3,
+    FakeSupervisor,
+    start_agent,
+    toy_command,
+    wait_until,
+)
+
+FAST = {"TOY_STEP_SECONDS": "0.05"}
+
+
+@pytest.fixture(scope="module")
+def s3():
+    server = FakeS3()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def make_supervisor(s3):
+    made: list[FakeSupervisor] = []
+
+    def make(**job_fields) -> FakeSupervisor:
+        job = FakeJob(command=toy_command(), **job_fields)
+        supervisor = FakeSupervisor(s3, job)
+        made.append(supervisor)
+        return supervisor
+
+    yield make
+    for supervisor in made:
+        supervisor.close()
+
+
+@pytest.fixture
+def runs():
+    started = []
+    yield started
+    for run in started:
+        run.stop()
+
+
+@pytest.fixture(scope="module")
+def zipapp(tmp_path_factory) -> Path:
+    return build_zipapp(tmp_path_factory.mktemp("zipapp") / "agent.pyz")
+
+
+def fake_nvidia_smi(directory: Path, body: str) -> dict[str, str]:
+    """A stand-in nvidia-smi first on PATH; returns the env for the agent."""
+    directory.mkdir(parents=True, exist_ok=True)
+    script = directory / "nvidia-smi"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
+    return {"PATH": f"{directory}{os.pathsep}{os.environ['PATH']}", "NOMAD_NVIDIA_SMI": ""}
+
+
+def tar_members(data: bytes) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}
+
+
+def steps_seen(attempt) -> list[int]:
+    return [h["step"] for h in attempt.heartbeats if h["step"] is not None]
+
+
+def group_is_gone(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_it_runs_the_command_heartbeats_and_uploads_checkpoints(
+    make_supervisor, runs, s3, tmp_path
+):
+    supervisor = make_supervisor(
+        env={**FAST, "TOY_STEPS": "40", "TOY_CHECKPOINT_EVERY": "10"}, total_steps=40
+    )
+    attempt = supervisor.new_attempt()
+    env = fake_nvidia_smi(tmp_path / "bin", "echo 'NVIDIA-SMI has failed: no driver' >&2; exit 9")
+    run = start_agent(supervisor, attempt, tmp_path / "work", env=env)
+    runs.append(run)
+
+    assert run.wait(60) == 0, run.log()
+    assert attempt.exit["reason"] == "finished"
+    assert attempt.exit["exit_code"] == 0
+    assert "done" in attempt.exit["log_tail"]
+    assert attempt.registered["gpus"] == []
+    seqs = [h["seq"] for h in attempt.heartbeats]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    steps = steps_seen(attempt)
+    assert steps == sorted(steps)
+    assert steps[-1] == 40
+    last = attempt.heartbeats[-1]
+    assert last["total_steps"] == 40
+    assert last["loss"] < 1.0
+    assert last["seconds_per_step"] > 0
+    assert last["phase"] == "exiting"
+    assert {"running", "exiting"} <= {h["phase"] for h in attempt.heartbeats}
+    assert last["received_at"] < attempt.exit["received_at"]
+    gpu = attempt.heartbeats[-1]["gpu"]
+    assert gpu["ok"] is False
+    assert "no driver" in gpu["error"]
+
+    ready = supervisor.ready_checkpoints(attempt)
+    assert [c.step for c in ready] == [10, 20, 30, 40]
+    for ckpt in ready:
+        data = s3.get(ckpt.key)
+        assert hashlib.sha256(data).hexdigest() == ckpt.sha256
+        assert len(data) == ckpt.size
+        files = tar_members(data)
+        assert set(files) == {"state.json", "weights.bin"}
+        assert json.loads(files["state.json"])["step"] == ckpt.step
+        manifest = json.loads(s3.get(ckpt.key.rsplit("/", 1)[0] + "/manifest.json"))
+        assert manifest["sha256"] == ckpt.sha256
+    uploaded = sorted((tmp_path / "work" / "checkpoints").glob("*/NOMAD_UPLOADED"))
+    assert len(uploaded) == 4
+    # Uploads run beside training: the first one completed while the command still ran.
+    first_done = next(t for t, _, name, _ in supervisor.calls if name.endswith("/complete"))
+    assert any(
+        h["received_at"] > first_done and h["phase"] in ("running", "uploading")
+        for h in attempt.heartbeats
+    )
+    assert "step 40/40" in (tmp_path / "work" / "logs" / "train.log").read_text()
+
+
+@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted-multipart"])
+def test_a_second_attempt_resumes_from_the_newest_checkpoint(
+    make_supervisor, runs, s3, tmp_path, encrypted
+):
+    key = os.urandom(32) if encrypted else None
+    weights_kb = "6000" if encrypted else "8"  # > 5 MiB part size: multipart
+    supervisor = make_supervisor(
+        env={**FAST, "TOY_STEPS": "20", "TOY_CHECKPOINT_EVERY": "10", "TOY_WEIGHTS_KB": weights_kb},
+        data_key=key,
+        part_size=5 * 1024 * 1024,
+    )
+    first = supervisor.new_attempt()
+    run = start_agent(supervisor, first, tmp_path / "one")
+    runs.append(run)
+    assert run.wait(60) == 0, run.log()
+    assert [c.step for c in supervisor.ready_checkpoints(first)] == [10, 20]
+
+    newest = supervisor.ready_checkpoints(first)[-1]
+    data = s3.get(newest.key)
+    assert hashlib.sha256(data).hexdigest() == newest.sha256
+    if encrypted:
+        assert newest.upload_id is not None
+        assert data[:4] == b"NGCK"
+        plain = io.BytesIO()
+        decrypt_stream(io.BytesIO(data), plain, key)
+        data = plain.getvalue()
+    assert json.loads(tar_members(data)["state.json"])["step"] == 20
+
+    supervisor.job.env["TOY_STEPS"] = "30"
+    second = supervisor.new_attempt()
+    run = start_agent(supervisor, second, tmp_path / "two")
+    runs.append(run)
+    assert run.wait(60) == 0, run.log()
+
+    assert "resumed from step 20" in second.exit["log_tail"]
+    assert min(steps_seen(second)) >= 21
+    assert max(steps_seen(second)) == 30
+    assert [c.step for c in supervisor.ready_checkpoints(second)] == [30]
+    assert max(h["bytes_down"] for h in second.heartbeats) == newest.size
+
+
+def test_checkpoint_now_makes_the_script_save_one(make_supervisor, runs, tmp_path, zipapp):
+    supervisor = make_supervisor(
+        env={**FAST, "TOY_STEPS": "400", "TOY_CHECKPOINT_EVERY": "1000"}, stop_grace_s=10
+    )
+    attempt = supervisor.new_attempt()
+    run = start_agent(supervisor, attempt, tmp_path / "work", zipapp=zipapp)
+    runs.append(run)
+    wait_until(lambda: any(s >= 5 for s in steps_seen(attempt)), timeout=30, what="step 5")
+
+    supervisor.command(attempt, "checkpoint_now")
+    wait_until(lambda: supervisor.ready_checkpoints(attempt), timeout=30, what="a checkpoint")
+    assert supervisor.ready_checkpoints(attempt)[0].step < 400
+
+    supervisor.command(attempt, "stop")
+    assert run.wait(30) != 0
+
+
+def test_stop_ends_the_command_uploads_its_last_checkpoint_and_reports_stopped(
+    make_supervisor, runs, tmp_path
+):
+    supervisor = make_supervisor(
+        env={**FAST, "TOY_STEPS": "400", "TOY_CHECKPOINT_EVERY": "1000"}, stop_grace_s=10
+    )
+    attempt = supervisor.new_attempt()
+    run = start_agent(supervisor, attempt, tmp_path / "work")
+    runs.append(run)
+    child = run.child_pid()
+    wait_until(lambda: any(s >= 3 for s in steps_seen(attempt)), timeout=30, what="step 3")
+
+    supervisor.command(attempt, "stop")
+    code = run.wait(30)
+
+    assert code == 143  # the toy saves on SIGTERM and exits 128+15
+    assert attempt.exit["reason"] == "stopped"
+    assert attempt.exit["signal"] == signal.SIGTERM
+    assert "stopped at step" in attempt.exit["log_tail"]
+    assert group_is_gone(child)
+    # The checkpoint written on SIGTERM went up before the exit was reported.
+    (ckpt,) = supervisor.ready_checkpoints(attempt)
+    assert ckpt.step < 400
+    completes = [t for t, _, name, _ in supervisor.calls if name.endswith("/complete")]
+    assert completes[-1] < supervisor.calls_of("exit")[0][0]
+
+
+def test_a_terminated_agent_stops_the_command_and_still_reports(make_supervisor, runs, tmp_path):
+    supervisor = make_supervisor(
+        env={**FAST, "TOY_STEPS": "400", "TOY_CHECKPOINT_EVERY": "1000"}, stop_grace_s=10
+    )
+    attempt = supervisor.new_attempt()
+    run = start_agent(supervisor, attempt, tmp_path / "work")
+    runs.append(run)
+    child = run.child_pid()
+    wait_until(lambda: any(s >= 3 for s in steps_seen(attempt)), timeout=30, what="step 3")
+
+    run.proc.send_signal(signal.SIGTERM)  # the container is being shut down
+
+    assert run.wait(30) == 143
+    assert attempt.exit["reason"] == "killed"
+    assert group_is_gone(child)
+    assert len(supervisor.ready_checkpoints(attempt)) == 1  # the one saved on SIGTERM
+
+
+def test_a_410_on_heartbeat_kills_the_command_and_uploads_nothing_more(
+    make_supervisor, runs, tmp_path
+):
+    supervisor = make_supervisor(env={**FAST, "TOY_STEPS": "400", "TOY_CHECKPOINT_EVERY": "4"})
+    attempt = supervisor.new_attempt()
+    run = start_agent(supervisor, attempt, tmp_path / "work")
+    runs.append(run)
+    child = run.child_pid()
+    wait_until(lambda: supervisor.ready_checkpoints(attempt), timeout=30, what="a checkpoint")
+
+    # Only heartbeats learn that the attempt is over; uploads would still be accepted.
+    supervisor.fence(attempt, only="heartbeat")
+    code = run.wait(30)
+
+    assert code == 3
+    assert group_is_gone(child)
+    assert attempt.exit is None
+    calls = supervisor.calls
+    first_410 = next(i for i, (*_, name, status) in enumerate(calls) if status == 410)
+    assert calls[first_410][2] == "heartbeat"
+    accepted_after = [name for *_, name, status in calls[first_410:] if status == 200]
+    assert len(accepted_after) <= 1, accepted_after  # at most one call already in flight
+    assert "uploading nothing" in run.log()
+
+
+def test_training_survives_the_supervisor_being_away(make_supervisor, runs, tmp_path):
+    supervisor = make_supervisor(env={**FAST, "TOY_STEPS": "100", "TOY_CHECKPOINT_EVERY": "1000"})
+    attempt = supervisor.new_attempt()
+    env = fake_nvidia_smi(tmp_path / "bin", "sleep 60")  # a hung driver, on top
+    env["NOMAD_NVIDIA_SMI_TIMEOUT_S"] = "0.3"
+    run = start_agent(supervisor, attempt, tmp_path / "work", env=env)
+    runs.append(run)
+    wait_until(lambda: any(s >= 3 for s in steps_seen(attempt)), timeout=30, what="step 3")
+
+    supervisor.pause()
+    progress = tmp_path / "work" / "progress.json"
+    away_from = json.loads(progress.read_text())["step"]
+    wait_until(
+        lambda: json.loads(progress.read_text())["step"] >= away_from + 20,
+        timeout=30,
+        what="training to go on while the supervisor is away",
+    )
+    assert run.proc.poll() is None
+    supervisor.resume()
+
+    assert run.wait(60) == 0, run.log()
+    assert attempt.exit["reason"] == "finished"
+    steps = steps_seen(attempt)
+    assert any(s >= away_from + 20 for s in steps)
+    assert steps[-1] == 100
+    seqs = [h["seq"] for h in attempt.heartbeats]
+    assert seqs == sorted(seqs)
+    assert len(set(seqs)) == len(seqs)
+    assert "not delivered" in run.log()
+    gpu = attempt.heartbeats[-1]["gpu"]
+    assert gpu["ok"] is False
+    assert "did not answer" in gpu["error"]
+    assert [c.step for c in supervisor.ready_checkpoints(attempt)] == [100]
+
+
+def test_a_corrupt_resume_checkpoint_is_an_agent_error_not_a_run(
+    make_supervisor, runs, s3, tmp_path
+):
+    supervisor = make_supervisor(env={**FAST, "TOY_STEPS": "10", "TOY_CHECKPOINT_EVERY": "10"})
+    first = supervisor.new_attempt()
+    run = start_agent(supervisor, first, tmp_path / "one")
+    runs.append(run)
+    assert run.wait(60) == 0, run.log()
+    (ckpt,) = supervisor.ready_checkpoints(first)
+    data = bytearray(s3.get(ckpt.key))
+    data[700] ^= 1
+    s3.client.put_object(Bucket=s3.bucket, Key=ckpt.key, Body=bytes(data))
+
+    second = supervisor.new_attempt()
+    run = start_agent(supervisor, second, tmp_path / "two")
+    runs.append(run)
+
+    assert run.wait(60) == 4
+    assert second.exit["reason"] == "agent_error"
+    assert "sha256" in second.exit["error"]
+    assert "started command" not in run.log()
+
+
+@pytest.mark.parametrize(
+    ("returncode", "stopped", "terminated", "expected"),
+    [
+        (0, False, False, (0, None, "finished")),
+        (1, False, False, (1, None, "failed")),
+        (-9, False, False, (None, 9, "killed")),
+        (137, False, False, (137, 9, "killed")),  # a shell reporting SIGKILL of its child
+        (143, True, False, (143, 15, "stopped")),
+        (0, False, True, (0, None, "killed")),
+        (200, False, False, (200, None, "failed")),  # 128+72: no such signal
+    ],
+)
+def test_exit_reports_read_codes_and_signals(returncode, stopped, terminated, expected):
+    report = exit_report(returncode, stopped=stopped, terminated=terminated)
+    assert (report["exit_code"], report["signal"], report["reason"]) == expected
