@@ -95,7 +95,8 @@ class CompleteIn(Schema):
 class ExitIn(Schema):
     exit_code: int | None = Field(None, ge=-255, le=255)
     signal: int | None = Field(None, ge=0, le=128)
-    reason: Literal["finished", "failed", "stopped", "killed"]
+    reason: Literal["finished", "failed", "stopped", "killed", "agent_error"]
+    error: str | None = Field(None, max_length=2000)
     log_tail: str = Field("", max_length=16 * 1024)
 
 
@@ -163,6 +164,7 @@ def report_exit(request: HttpRequest, payload: ExitIn) -> dict:
         request.auth,
         exit_code=payload.exit_code,
         reason=payload.reason,
+        error=payload.error or "",
         log_tail=payload.log_tail,
         now=timezone.now(),
     )

@@ -165,7 +165,13 @@ def _stalled(attempt: Attempt, beat: Heartbeat, now: datetime) -> bool:
 
 
 def record_exit(
-    attempt: Attempt, *, exit_code: int | None, reason: str, log_tail: str, now: datetime
+    attempt: Attempt,
+    *,
+    exit_code: int | None,
+    reason: str,
+    log_tail: str,
+    now: datetime,
+    error: str = "",
 ) -> None:
     """Keep what the agent said about the end of the training process, then end the attempt
     (success finishes the job, a non-zero exit fails it; see ``losses.handle_exit``)."""
@@ -176,6 +182,11 @@ def record_exit(
         last_heartbeat_at=now,
     )
     attempt.refresh_from_db()
+    if reason == "agent_error":
+        # The command never ran (e.g. the checkpoint failed its sha256 on this host): a host
+        # problem, not the user's code, so the job moves to another host.
+        losses.handle_loss(losses.Loss(attempt.pk, "agent_error", error), now=now)
+        return
     losses.handle_exit(attempt, exit_code=exit_code, reason=reason, now=now)
 
 

@@ -5,6 +5,7 @@ also kills its token: the agent gets 410 from then on) and moves the job through
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import transaction
@@ -15,6 +16,15 @@ from jobs import services
 from jobs.models import Attempt, AttemptState, Checkpoint, Interruption, Job, JobState
 
 ACTIVE = [AttemptState.STARTING, AttemptState.RUNNING]
+
+
+@dataclass(frozen=True)
+class Loss:
+    """An attempt whose host is lost, and why (the cause names one of the loss conditions)."""
+
+    attempt_id: int
+    cause: str
+    detail: str = ""
 
 
 def close_attempt(attempt_id: int, *, reason: str, now: datetime, states=None) -> Attempt | None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -25,6 +24,7 @@ from django.db.models import F
 
 from hosts.vast import Instance, VastClient, VastError
 from jobs import losses, renting
+from jobs.losses import Loss
 from jobs.models import LIVE_ATTEMPT_STATES, Attempt, AttemptState, Job
 from nomadgpu.models import ServiceHeartbeat
 
@@ -36,13 +36,6 @@ LOST_STATUSES = frozenset({"exited", "offline"})
 ADOPT_AFTER = timedelta(seconds=30)
 REQUESTED_GRACE = timedelta(minutes=5)
 ORPHAN_GRACE = timedelta(minutes=2)
-
-
-@dataclass(frozen=True)
-class Loss:
-    attempt_id: int
-    cause: str
-    detail: str = ""
 
 
 def record_tick(*, now: datetime) -> None:
