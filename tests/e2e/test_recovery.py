@@ -1,0 +1,48 @@
+"""The field report's experiment on the sandbox: a host destroyed halfway, and the job resumes
+from its newest checkpoint on a new host and finishes with the same weights."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobs.models import Attempt, Checkpoint, Interruption, JobState
+from tests.processes import wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+def state_of(job) -> str:
+    job.refresh_from_db()
+    return job.state
+
+
+def running_attempt(job) -> Attempt | None:
+    return job.attempts.filter(state="running").first()
+
+
+def test_a_host_destroyed_halfway_resumes_from_the_newest_checkpoint(
+    supervisor, uninterrupted_digest
+):
+    job = supervisor.submit_toy()
+    wait_until(lambda: running_attempt(job), timeout=90, what="the toy job to run")
+    wait_until(
+        lambda: Checkpoint.objects.filter(job=job, state="ready", step__gte=150).exists(),
+        timeout=90,
+        what="a ready checkpoint at step 150",
+    )
+    first = running_attempt(job)
+    newest_before = Checkpoint.objects.filter(job=job, state="ready").order_by("-step").first()
+
+    supervisor.sandbox.inject(first.instance_id, "destroy")
+
+    wait_until(lambda: state_of(job) == JobState.SUCCEEDED, timeout=180, what="the job to finish")
+    interruption = Interruption.objects.get(attempt=first)
+    last = job.attempts.order_by("-number").first()
+    assert interruption.cause == "provider_gone"
+    assert interruption.resumed_step >= newest_before.step > 0
+    assert interruption.running_again_at > interruption.replacement_rented_at
+    assert last.number == 2
+    assert f"final-digest: {uninterrupted_digest}" in last.log_tail
+    assert supervisor.sandbox.status(first.instance_id) is None  # nothing left billing
+    assert job.events.filter(kind="host_lost").count() == 1
+    assert job.events.filter(kind="running_again").count() == 1
