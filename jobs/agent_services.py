@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.db.models import Case, F, Q, Value, When
 
@@ -23,7 +23,6 @@ from jobs.tokens import token_matches, token_prefix
 from nomadgpu.storage import object_store
 
 ACTIVE = [AttemptState.STARTING, AttemptState.RUNNING]
-HEARTBEAT_TIMEOUT_FACTOR = 3
 LOG_TAIL_LIMIT = 8 * 1024
 
 
@@ -48,8 +47,7 @@ def authenticate_agent(token: str) -> Attempt:
 
 
 def heartbeat_deadline(attempt: Attempt, now: datetime) -> datetime:
-    interval = attempt.job.heartbeat_interval_s
-    return now + timedelta(seconds=interval * HEARTBEAT_TIMEOUT_FACTOR)
+    return now + attempt.job.heartbeat_timeout
 
 
 def register_agent(attempt: Attempt, *, now: datetime) -> dict:

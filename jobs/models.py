@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
 from nomadgpu.fields import EncryptedTextField
 from nomadgpu.models import Team
+
+HEARTBEAT_TIMEOUT_INTERVALS = 2
 
 
 class JobState(models.TextChoices):
@@ -66,6 +70,13 @@ class Job(models.Model):
     @property
     def storage_prefix(self) -> str:
         return f"teams/{self.team.slug}/jobs/{self.pk}/"
+
+    @property
+    def heartbeat_timeout(self) -> timedelta:
+        """Silence longer than this is a lost host. Two intervals: a silent network loss is
+        caught within two heartbeat intervals (the field report saw ~30 s at 15 s beats),
+        while one late or lost heartbeat is not a loss."""
+        return timedelta(seconds=self.heartbeat_interval_s * HEARTBEAT_TIMEOUT_INTERVALS)
 
 
 class JobEvent(models.Model):

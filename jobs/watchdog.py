@@ -89,7 +89,7 @@ def cause_of_due(attempt: Attempt, now: datetime) -> Loss | None:
         return Loss(attempt.pk, "never_registered", f"no agent within {job.start_timeout_s} s")
     if attempt.gpu_ok is False:
         return Loss(attempt.pk, "gpu_fault", attempt.gpu_error[:300])
-    timeout = timedelta(seconds=job.heartbeat_interval_s * 3)
+    timeout = job.heartbeat_timeout
     if attempt.last_heartbeat_at is None or attempt.last_heartbeat_at + timeout <= now:
         return Loss(attempt.pk, "heartbeat_timeout", f"silent for more than {timeout.seconds} s")
     if is_stalled(attempt, now):

@@ -48,14 +48,14 @@ def test_a_gpu_fault_is_a_loss():
     assert "Unknown Error" in loss.detail
 
 
-def test_silence_past_three_intervals_is_a_loss():
-    loss = cause_of_due(attempt(last_heartbeat_at=NOW - timedelta(seconds=46)), NOW)
+def test_silence_past_two_intervals_is_a_loss():
+    loss = cause_of_due(attempt(last_heartbeat_at=NOW - timedelta(seconds=31)), NOW)
 
     assert loss.cause == "heartbeat_timeout"
 
 
 def test_a_blip_shorter_than_the_timeout_is_not_a_loss():
-    assert cause_of_due(attempt(last_heartbeat_at=NOW - timedelta(seconds=30)), NOW) is None
+    assert cause_of_due(attempt(last_heartbeat_at=NOW - timedelta(seconds=29)), NOW) is None
 
 
 def test_no_progress_for_the_stall_timeout_is_a_loss():
