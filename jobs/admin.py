@@ -3,7 +3,8 @@ from __future__ import annotations
 from django.contrib import admin
 from django.utils import timezone
 
-from jobs.models import Attempt, Checkpoint, Job, JobEvent
+from jobs import losses, services
+from jobs.models import Attempt, Checkpoint, Interruption, Job, JobEvent
 from nomadgpu.admin_scoping import TeamScopedAdmin
 
 
@@ -26,6 +27,20 @@ class JobAdmin(TeamScopedAdmin):
     date_hierarchy = "created_at"
     exclude = ["data_key"]
     inlines = [JobEventInline]
+    actions = ["cancel_jobs"]
+
+    @admin.action(description="Cancel the selected jobs (releases their machines)")
+    def cancel_jobs(self, request, queryset) -> None:
+        cancelled, refused = 0, []
+        for job in queryset:
+            try:
+                losses.cancel_job(job.pk, now=timezone.now(), by=f"by {request.user} (admin)")
+                cancelled += 1
+            except services.IllegalTransition as exc:
+                refused.append(str(exc))
+        self.message_user(request, f"Cancelled {cancelled} job(s).")
+        for reason in refused:
+            self.message_user(request, reason, level="warning")
 
 
 @admin.register(JobEvent)
@@ -91,6 +106,41 @@ class CheckpointAdmin(TeamScopedAdmin):
     search_fields = ["job__name", "key", "sha256"]
     list_select_related = ["job", "attempt"]
     readonly_fields = [f.name for f in Checkpoint._meta.fields]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+
+@admin.register(Interruption)
+class InterruptionAdmin(TeamScopedAdmin):
+    team_path = "job__team"
+    list_display = [
+        "job",
+        "cause",
+        "detected_at",
+        "detection_s",
+        "back_after_s",
+        "step_reached",
+        "resumed_step",
+        "cancelled_before_recovery",
+    ]
+    list_filter = ["cause", "cancelled_before_recovery", "job__team"]
+    search_fields = ["job__name", "detail"]
+    date_hierarchy = "detected_at"
+    list_select_related = ["job"]
+    readonly_fields = [f.name for f in Interruption._meta.fields]
+
+    @admin.display(description="detected after (s)")
+    def detection_s(self, item: Interruption) -> str:
+        if item.last_heartbeat_at is None:
+            return "—"
+        return f"{(item.detected_at - item.last_heartbeat_at).total_seconds():.0f}"
+
+    @admin.display(description="running again after (s)")
+    def back_after_s(self, item: Interruption) -> str:
+        if item.running_again_at is None:
+            return "—"
+        return f"{(item.running_again_at - item.detected_at).total_seconds():.0f}"
 
     def has_add_permission(self, request) -> bool:
         return False

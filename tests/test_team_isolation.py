@@ -113,3 +113,30 @@ def test_visible_to_narrows_any_queryset_to_member_teams(cast):
     JobFactory(team=cast.team_b)
 
     assert list(visible_to(Job.objects.all(), cast.member)) == [ours]
+
+
+def test_admin_cancel_action_cancels_a_running_job(client, cast, monkeypatch):
+    from tests.factories import make_attempt
+
+    monkeypatch.setattr("jobs.tasks.destroy_instance.delay", lambda *a: None)
+    attempt, _ = make_attempt(JobFactory(team=cast.team_a), state="running", instance_id=5)
+    client.force_login(cast.admin)
+
+    client.post(
+        reverse("admin:jobs_job_changelist"),
+        {"action": "cancel_jobs", "_selected_action": [attempt.job_id]},
+    )
+
+    attempt.refresh_from_db()
+    attempt.job.refresh_from_db()
+    assert attempt.job.state == "cancelled"
+    assert attempt.state == "ended"
+
+
+def test_every_model_has_an_admin_page(client, cast):
+    from django.apps import apps
+    from django.contrib import admin as django_admin
+
+    ours = [m for m in apps.get_models() if m._meta.app_label in {"nomadgpu", "jobs", "hosts"}]
+
+    assert all(model in django_admin.site._registry for model in ours)
