@@ -16,41 +16,24 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from tests.processes import wait_until
+from tests.s3_support import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY = ROOT / "examples" / "toy" / "train.py"
 TAIL_LIMIT = 8 * 1024
 PHASES = {"restoring", "running", "uploading", "exiting"}
 REASONS = {"finished", "failed", "stopped", "killed", "agent_error"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_until(predicate: Callable[[], Any], *, timeout: float, what: str, every: float = 0.05):
-    """Poll PREDICATE until truthy; raise AssertionError naming WHAT after TIMEOUT seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
 
 
 class FakeS3:
