@@ -7,7 +7,10 @@ import os
 from celery import Celery
 from celery.signals import beat_init, worker_ready
 
+from nomadgpu import broker
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "nomadgpu.settings")
+broker.register()
 
 app = Celery("nomadgpu")
 app.config_from_object("django.conf:settings", namespace="CELERY")
