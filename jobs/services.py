@@ -64,16 +64,31 @@ def transition(
     if claimed != 1:
         current = Job.objects.filter(pk=job_id).values_list("state", flat=True).first()
         raise IllegalTransition(job_id, to, current)
-    return JobEvent.objects.create(
-        job_id=job_id, created_at=now, kind=kind, message=message, data=data or {}
+    return _notify(
+        JobEvent.objects.create(
+            job_id=job_id, created_at=now, kind=kind, message=message, data=data or {}
+        )
     )
 
 
 def record_event(job_id: int, *, now: datetime, kind: str, message: str = "", **data) -> JobEvent:
     """An event that does not change state (no offers, budget warning, checkpoint ready)."""
-    return JobEvent.objects.create(
-        job_id=job_id, created_at=now, kind=kind, message=message, data=data
+    return _notify(
+        JobEvent.objects.create(
+            job_id=job_id, created_at=now, kind=kind, message=message, data=data
+        )
     )
+
+
+def _notify(event: JobEvent) -> JobEvent:
+    """Outbox rows in the event's own transaction; a worker sends them after commit."""
+    from notify import outbox
+    from notify import tasks as notify_tasks
+
+    if outbox.enqueue_for_event(event):
+        # robust: a broker that is down must not undo the commit; beat sweeps the outbox.
+        transaction.on_commit(notify_tasks.deliver_due.delay, robust=True)
+    return event
 
 
 def is_terminal(state: str) -> bool:

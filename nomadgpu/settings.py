@@ -78,6 +78,7 @@ INSTALLED_APPS = [
     "jobs",
     "billing",
     "statuspage",
+    "notify",
 ]
 
 MIDDLEWARE = [
@@ -198,12 +199,20 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 WATCHDOG_INTERVAL_S = envfloat("WATCHDOG_INTERVAL_S", 5.0)
 # One paged instance-list call per provider account at most this often (DESIGN: ~10 s).
 PROVIDER_POLL_INTERVAL_S = envfloat("PROVIDER_POLL_INTERVAL_S", 10.0)
+# How often the notification outbox is swept for due (retried) deliveries.
+NOTIFY_INTERVAL_S = envfloat("NOTIFY_INTERVAL_S", 5.0)
 CELERY_BEAT_SCHEDULE = {
     "watchdog-tick": {
         "task": "jobs.tasks.watchdog_tick",
         "schedule": timedelta(seconds=WATCHDOG_INTERVAL_S),
         # A tick that waited longer than its interval is stale: the next one supersedes it.
         "options": {"expires": WATCHDOG_INTERVAL_S * 0.9},
+    },
+    # Retries and anything a lost nudge left behind; each event also nudges it on commit.
+    "notify-deliver-due": {
+        "task": "notify.tasks.deliver_due",
+        "schedule": timedelta(seconds=NOTIFY_INTERVAL_S),
+        "options": {"expires": NOTIFY_INTERVAL_S * 0.9},
     },
 }
 
@@ -220,6 +229,10 @@ S3_BUCKET = env("S3_BUCKET", "nomadgpu")
 S3_ACCESS_KEY_ID = env("S3_ACCESS_KEY_ID", "")
 S3_SECRET_ACCESS_KEY = env("S3_SECRET_ACCESS_KEY", "")
 S3_REGION = env("S3_REGION", "auto")
+
+# --- Notifications ---------------------------------------------------------------------
+# The Bot API base URL; tests point it at a local server speaking the same protocol.
+TELEGRAM_API_URL = env("TELEGRAM_API_URL", "https://api.telegram.org").rstrip("/")
 
 LOGGING = {
     "version": 1,

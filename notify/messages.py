@@ -1,0 +1,247 @@
+"""What a notification says: facts gathered from the event and its job, rendered from
+``templates/notify/<kind>.txt``.
+
+Templates write Telegram's small HTML subset (``<b>``, ``<pre>``) and Django escapes every
+value, so the HTML goes to Telegram as is; webhooks get the same text with tags stripped.
+Numbers are formatted here, so templates stay short and read like the message.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.conf import settings
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils.html import strip_tags
+
+from jobs.models import Attempt, Interruption, Job, JobEvent
+from notify.models import EventKind
+
+LOG_LINES = 8
+LOG_LINE_CHARS = 200
+
+
+@dataclass(frozen=True)
+class Message:
+    kind: str
+    title: str
+    html: str  # Telegram HTML
+    text: str  # the same, plain
+    link: str
+    data: dict = field(default_factory=dict)
+    event_id: int | None = None
+    job_id: int | None = None
+    job_name: str = ""
+    team_slug: str = ""
+    team_name: str = ""
+    created_at: str = ""
+
+
+def job_link(job_id: int) -> str:
+    return f"{settings.SITE_URL}{reverse('job-detail', args=[job_id])}"
+
+
+def build(event: JobEvent) -> Message:
+    """The message for EVENT, with the numbers a person on a phone wants first."""
+    job = Job.objects.select_related("team").get(pk=event.job_id)
+    facts = FACTS.get(event.kind, generic_facts)(event, job)
+    title = str(EventKind(event.kind).label) if event.kind in EventKind.values else event.kind
+    context = {"event": event, "job": job, "title": title, "link": job_link(job.pk), **facts}
+    body = render(event.kind, context)
+    return Message(
+        kind=event.kind,
+        title=title,
+        html=body,
+        text=plain(body),
+        link=context["link"],
+        data=webhook_data(event, facts),
+        event_id=event.pk,
+        job_id=job.pk,
+        job_name=job.name,
+        team_slug=job.team.slug,
+        team_name=job.team.name,
+        created_at=event.created_at.isoformat(),
+    )
+
+
+def trial_message(channel) -> Message:
+    """What the admin's "send test message" sends."""
+    context = {"channel": channel, "team": channel.team, "link": settings.SITE_URL + "/"}
+    body = render("test", context)
+    return Message(
+        kind="test",
+        title="Test message",
+        html=body,
+        text=plain(body),
+        link=context["link"],
+        team_slug=channel.team.slug,
+        team_name=channel.team.name,
+    )
+
+
+def render(kind: str, context: dict) -> str:
+    name = f"notify/{kind}.txt" if kind in {*EventKind.values, "test"} else "notify/generic.txt"
+    lines = (line.rstrip() for line in render_to_string(name, context).splitlines())
+    return "\n".join(line for line in lines if line.strip())  # tags leave empty lines
+
+
+def plain(body: str) -> str:
+    return html.unescape(strip_tags(body))
+
+
+def webhook_data(event: JobEvent, facts: dict) -> dict:
+    """The event's data plus the computed numbers, JSON-safe (formatted strings dropped)."""
+    numbers = {k: v for k, v in facts.items() if isinstance(v, int | float | str | None)}
+    return {**event.data, **{k: v for k, v in numbers.items() if not k.endswith("_text")}}
+
+
+# --- facts per kind ---------------------------------------------------------------------
+
+
+def host_lost_facts(event: JobEvent, job: Job) -> dict:
+    data = event.data or {}
+    interruption = (
+        Interruption.objects.select_related("attempt")
+        .filter(job=job, detected_at__lte=event.created_at)
+        .order_by("-detected_at")
+        .first()
+    )
+    attempt = interruption.attempt if interruption else None
+    silent = None
+    if interruption and interruption.last_heartbeat_at:
+        silent = (interruption.detected_at - interruption.last_heartbeat_at).total_seconds()
+    return {
+        "cause": data.get("cause") or (interruption.cause if interruption else "unknown"),
+        "detail": interruption.detail if interruption else "",
+        "step": data.get("step"),
+        "total_steps": job.total_steps,
+        "last_checkpoint": data.get("last_checkpoint"),
+        "silent_s": silent,
+        "silent_text": duration(silent),
+        "gpu_name": attempt.gpu_name if attempt else "",
+        "instance_id": attempt.instance_id if attempt else None,
+    }
+
+
+def running_again_facts(event: JobEvent, job: Job) -> dict:
+    interruption = (
+        Interruption.objects.filter(job=job, running_again_at__lte=event.created_at)
+        .order_by("-running_again_at")
+        .first()
+    )
+    attempt = job.attempts.filter(running_at__lte=event.created_at).order_by("-number").first()
+    downtime = None
+    if interruption and interruption.running_again_at:
+        downtime = (interruption.running_again_at - interruption.detected_at).total_seconds()
+    return {
+        "downtime_s": downtime,
+        "downtime_text": duration(downtime),
+        "resumed_step": interruption.resumed_step if interruption else None,
+        "step_reached": interruption.step_reached if interruption else None,
+        "gpu_name": attempt.gpu_name if attempt else "",
+        "price_usd_per_hour": round(attempt.dph_base, 4) if attempt else None,
+        "price_text": money(attempt.dph_base, per_hour=True) if attempt else "",
+    }
+
+
+def finished_facts(event: JobEvent, job: Job) -> dict:
+    end = job.finished_at or event.created_at
+    attempts = list(job.attempts.all())
+    machine_s = sum(machine_seconds(a, end) for a in attempts)
+    cost = sum(attempt_cost(a, end) for a in attempts)
+    team = job.team
+    reference = (
+        float(team.reference_rate_usd_per_hour)
+        * machine_s
+        / 3600
+        / float(team.reference_speed_factor or 1)
+    )
+    return {
+        "duration_s": (end - job.created_at).total_seconds(),
+        "duration_text": duration((end - job.created_at).total_seconds()),
+        "machine_s": machine_s,
+        "machine_text": duration(machine_s),
+        "final_step": job.final_step,
+        "interruptions": job.interruptions.count(),
+        "cost_usd": round(cost, 4),
+        "cost_text": money(cost),
+        "reference_name": team.reference_name,
+        "reference_usd": round(reference, 4),
+        "reference_text": money(reference),
+        "savings_usd": round(reference - cost, 4),
+        "savings_text": money(reference - cost),
+    }
+
+
+def failed_facts(event: JobEvent, job: Job) -> dict:
+    data = event.data or {}
+    tail = str(data.get("log_tail") or "")
+    lines = [line[:LOG_LINE_CHARS] for line in tail.strip().splitlines()[-LOG_LINES:]]
+    return {"exit_code": data.get("exit_code"), "log_lines": "\n".join(lines)}
+
+
+def no_offers_facts(event: JobEvent, job: Job) -> dict:
+    req = job.requirements or {}
+    return {
+        "why": event.message,
+        "gpus": ", ".join(req.get("gpu_names") or []) or "any GPU",
+        "max_price_text": money(req["max_dph"], per_hour=True) if req.get("max_dph") else "",
+    }
+
+
+def generic_facts(event: JobEvent, job: Job) -> dict:
+    """Budget and invoice events (and any later kind): the message and the event's data."""
+    items = [(k.replace("_", " "), v) for k, v in (event.data or {}).items()]
+    return {"items": items}
+
+
+FACTS = {
+    EventKind.HOST_LOST: host_lost_facts,
+    EventKind.RUNNING_AGAIN: running_again_facts,
+    EventKind.FINISHED: finished_facts,
+    EventKind.FAILED: failed_facts,
+    EventKind.NO_OFFERS: no_offers_facts,
+}
+
+
+# --- numbers ----------------------------------------------------------------------------
+
+
+def machine_seconds(attempt: Attempt, end: datetime) -> float:
+    if attempt.rented_at is None:
+        return 0.0
+    return max(0.0, ((attempt.ended_at or end) - attempt.rented_at).total_seconds())
+
+
+def attempt_cost(attempt: Attempt, end: datetime) -> float:
+    """What an attempt cost as NomadGPU recorded it: GPU time, disk and traffic.
+
+    An estimate until the invoice is imported (billing reconciles against Vast's charges)."""
+    hours = machine_seconds(attempt, end) / 3600
+    traffic = (
+        attempt.bytes_down / 1e9 * attempt.download_usd_per_gb
+        + attempt.bytes_up / 1e9 * attempt.upload_usd_per_gb
+    )
+    storage = attempt.storage_usd_per_gb_hour * attempt.disk_gb * hours
+    return attempt.dph_base * hours + storage + traffic
+
+
+def duration(seconds: float | None) -> str:
+    """Short and readable on a phone: "45 s", "5 min 3 s", "2 h 07 min"."""
+    if seconds is None:
+        return "unknown"
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
+
+
+def money(usd: float, *, per_hour: bool = False) -> str:
+    """Dollars: "$0.19", "-$0.05"; prices per hour with three decimals, "$0.350/h"."""
+    sign = "-" if usd < 0 else ""
+    return f"{sign}${abs(usd):.3f}/h" if per_hour else f"{sign}${abs(usd):.2f}"
