@@ -26,15 +26,21 @@ def find_key_problem() -> str | None:
 
 
 def _first_unreadable_secret() -> str | None:
-    from nomadgpu.models import Team
+    """Try one stored value of every encrypted column (team keys, bot tokens, webhook secrets)."""
+    from django.apps import apps
+
+    from nomadgpu.fields import EncryptedTextField
 
     try:
-        for name in Team.SECRET_FIELDS:
-            sealed = _raw_first(Team, name)
-            if sealed:
-                crypto.open_sealed(sealed, context=f"nomadgpu.team.{name}")
+        for model in apps.get_models():
+            for field in model._meta.fields:
+                if not isinstance(field, EncryptedTextField):
+                    continue
+                sealed = _raw_first(model, field.name)
+                if sealed:
+                    crypto.open_sealed(sealed, context=f"{model._meta.label_lower}.{field.name}")
     except crypto.SecretUnreadable as exc:
-        return f"Stored team secrets cannot be opened: {exc}"
+        return f"Stored secrets cannot be opened: {exc}"
     except DatabaseError:
         return None  # not migrated yet: nothing sealed to check
     return None
