@@ -140,3 +140,20 @@ def test_every_model_has_an_admin_page(client, cast):
     ours = [m for m in apps.get_models() if m._meta.app_label in {"nomadgpu", "jobs", "hosts"}]
 
     assert all(model in django_admin.site._registry for model in ours)
+
+
+def test_team_page_lists_its_notification_channels(client, cast):
+    from notify.models import Channel
+
+    Channel.objects.create(
+        team=cast.team_a, kind="webhook", name="ops-hook", webhook_url="https://x.test"
+    )
+    Channel.objects.create(
+        team=cast.team_b, kind="webhook", name="their-hook", webhook_url="https://y.test"
+    )
+    client.force_login(cast.member)
+
+    body = client.get(reverse("team-detail", args=["team-a"])).content.decode()
+
+    assert "ops-hook" in body
+    assert "their-hook" not in body
