@@ -172,7 +172,8 @@ def record_exit(
     error: str = "",
 ) -> None:
     """Keep what the agent said about the end of the training process, then end the attempt
-    (success finishes the job, a non-zero exit fails it; see ``losses.handle_exit``)."""
+    (success finishes the job, a non-zero exit fails it; see ``losses.handle_exit``). A command
+    that never started (``agent_error``) or was killed (``killed``) is a lost host instead."""
     Attempt.objects.filter(pk=attempt.pk).update(
         exit_code=exit_code,
         phase="exited",
@@ -184,6 +185,14 @@ def record_exit(
         # The command never ran (e.g. the checkpoint failed its sha256 on this host): a host
         # problem, not the user's code, so the job moves to another host.
         losses.handle_loss(losses.Loss(attempt.pk, "agent_error", error), now=now)
+        return
+    if reason == "killed" and exit_code != 0:
+        # The agent was told to terminate (docker stop: outbid, host maintenance, a stop from
+        # the provider's console) or the command died from a signal it did not send. The
+        # command did not exit on its own, so this is the host's doing, not the user's bug.
+        how = f"exit code {exit_code}" if exit_code is not None else "a signal"
+        detail = f"the command was stopped by the host ({how})"
+        losses.handle_loss(losses.Loss(attempt.pk, "killed", detail), now=now)
         return
     losses.handle_exit(attempt, exit_code=exit_code, reason=reason, now=now)
 

@@ -94,21 +94,22 @@ def remember_bad_machine(attempt: Attempt) -> None:
 
 
 def mark_running(attempt: Attempt, *, now: datetime) -> None:
-    """The agent reports training running: the job runs (again); an open interruption closes."""
+    """The agent reports training running: the job runs (again); open interruptions close."""
     with transaction.atomic():
         claimed = Attempt.objects.filter(pk=attempt.pk, state=AttemptState.STARTING).update(
             state=AttemptState.RUNNING, running_at=now
         )
         if not claimed:
             return
-        open_interruption = Interruption.objects.filter(
+        still_open = Interruption.objects.filter(
             job_id=attempt.job_id, running_again_at=None, cancelled_before_recovery=False
-        ).first()
+        )
+        open_interruption = still_open.order_by("detected_at").first()
         kind, message = "running", "training started"
         if open_interruption is not None:
-            Interruption.objects.filter(pk=open_interruption.pk).update(
-                running_again_at=now, resumed_step=attempt.resumed_from_step or 0
-            )
+            # A replacement lost before it ran leaves its predecessor's interruption open too:
+            # the job is back for all of them now, so all close (none stays open forever).
+            still_open.update(running_again_at=now, resumed_step=attempt.resumed_from_step or 0)
             downtime = (now - open_interruption.detected_at).total_seconds()
             kind = "running_again"
             resumed = attempt.resumed_from_step or 0

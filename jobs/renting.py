@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 NEEDS_HOST = (JobState.QUEUED, JobState.RENTING, JobState.RECOVERING)
 MAX_CREATE_TRIES = 5
+# Defaults of the settings RENT_BACKOFF_START_S and RENT_BACKOFF_CAP_S (whole seconds).
 BACKOFF_START_S = 15
 BACKOFF_CAP_S = 300
 
@@ -225,7 +226,9 @@ def give_up_renting(attempt: Attempt, *, now: datetime, why: str) -> str:
             pk=attempt.pk, state__in=[AttemptState.PLANNED, AttemptState.REQUESTED]
         ).update(state=AttemptState.ENDED, end_reason="no_offers", ended_at=now)
         job = Job.objects.get(pk=attempt.job_id)
-        backoff = min(max(job.rent_backoff_s * 2, BACKOFF_START_S), BACKOFF_CAP_S)
+        start = int(getattr(settings, "RENT_BACKOFF_START_S", BACKOFF_START_S))
+        cap = int(getattr(settings, "RENT_BACKOFF_CAP_S", BACKOFF_CAP_S))
+        backoff = min(max(job.rent_backoff_s * 2, start), cap)
         Job.objects.filter(pk=job.pk).update(
             rent_backoff_s=backoff, next_rent_at=now + timedelta(seconds=backoff)
         )

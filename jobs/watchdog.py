@@ -33,9 +33,17 @@ logger = logging.getLogger(__name__)
 WATCHDOG = "watchdog"
 ACTIVE = [AttemptState.STARTING, AttemptState.RUNNING]
 LOST_STATUSES = frozenset({"exited", "offline"})
-ADOPT_AFTER = timedelta(seconds=30)
-REQUESTED_GRACE = timedelta(minutes=5)
-ORPHAN_GRACE = timedelta(minutes=2)
+# Defaults of the settings of the same names (seconds).
+ADOPT_AFTER_S = 30  # a create still in flight is left alone this long before adopting
+REQUESTED_GRACE_S = 300  # a create never seen after this long is given up
+ORPHAN_GRACE_S = 120  # a labelled instance nobody owns may live this long (a create in flight)
+RENT_NUDGE_AFTER_S = 30  # a planned attempt nobody claimed by then lost its rent message
+
+
+def grace(name: str) -> timedelta:
+    """The grace period NAME (e.g. ``"ORPHAN_GRACE_S"``): the Django setting if there is one,
+    else this module's default. Settings, so tests and drills can shorten them."""
+    return timedelta(seconds=float(getattr(settings, name, globals()[name])))
 
 
 def record_tick(*, now: datetime) -> None:
@@ -58,7 +66,28 @@ def tick(*, now: datetime, poll_provider: bool | None = None) -> dict:
     if poll_provider:
         lost += [losses.handle_loss(loss, now=now) for loss in poll_providers(now)]
     planned = [renting.plan_rent(job_id, now=now) for job_id in jobs_needing_a_host(now)]
-    return {"lost": sum(bool(x) for x in lost), "planned": sum(p is not None for p in planned)}
+    return {
+        "lost": sum(bool(x) for x in lost),
+        "planned": sum(p is not None for p in planned),
+        "nudged": nudge_planned(now),
+    }
+
+
+def nudge_planned(now: datetime) -> int:
+    """Send the rent message again for attempts planned long ago and still unclaimed; say how
+    many. The first message was lost (a broker restart, a dropped message): without this the
+    planned attempt would hold the job's one live slot forever. ``renting.rent`` claims an
+    attempt once, so a duplicate message is a no-op."""
+    from jobs import tasks
+
+    stale = Attempt.objects.filter(
+        state=AttemptState.PLANNED, created_at__lte=now - grace("RENT_NUDGE_AFTER_S")
+    ).values_list("pk", flat=True)
+    ids = list(stale)
+    for attempt_id in ids:
+        logger.warning("attempt %s was never claimed; sending its rent message again", attempt_id)
+        tasks.rent_attempt.delay(attempt_id)
+    return len(ids)
 
 
 def provider_poll_due(now: datetime) -> bool:
@@ -175,26 +204,27 @@ def note_provider_status(attempt: Attempt, instance: Instance | None) -> None:
 def adopt_or_close(attempt: Attempt, instance: Instance | None, now: datetime) -> None:
     """A create whose outcome was unknown: adopt the labelled instance, or give up after grace."""
     requested = attempt.requested_at or attempt.created_at
-    if now - requested < ADOPT_AFTER:
+    if now - requested < grace("ADOPT_AFTER_S"):
         return  # the renting worker may still be waiting for the create call
     if instance is not None:
         logger.info("adopting instance %s for %s by its label", instance.id, attempt)
         renting.record_rented(
             attempt.pk, offer=None, instance_id=instance.id, decision={"adopted": True}, now=now
         )
-    elif now - requested >= REQUESTED_GRACE:
+    elif now - requested >= grace("REQUESTED_GRACE_S"):
         renting.give_up_renting(attempt, now=now, why="instance creation never completed")
 
 
 def reap_orphans(client: VastClient, instances: list[Instance], owned: set, now: datetime) -> None:
     """Destroy our labelled instances that no live attempt owns, after a grace period."""
+    orphan_grace = grace("ORPHAN_GRACE_S")
     for instance in instances:
         if renting.parse_label(instance.label) is None:
             continue  # not ours (or another environment's): never touched
         if instance.id in owned or instance.label in owned:
             continue
         started = instance.start_date
-        if started is not None and now - started < ORPHAN_GRACE:
+        if started is not None and now - started < orphan_grace:
             continue
         logger.warning("destroying orphan instance %s (%s)", instance.id, instance.label)
         try:
