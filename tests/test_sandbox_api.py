@@ -404,6 +404,34 @@ def test_destroy_kills_the_processes_and_forgets_the_instance(sandbox: Sandbox):
     assert sandbox.debug(iid)["billing_now"] == []
 
 
+def test_destroy_and_freeze_reach_processes_that_left_the_onstart_group(sandbox: Sandbox):
+    # The agent starts training in a new session; a container's end must still take it along.
+    onstart = "setsid sleep 300 &\necho $! > escaped.pid\nexec sleep 300\n"
+    iid = sandbox.create(cheapest_ask(sandbox), onstart=onstart)
+    sandbox.wait_status(iid, "running")
+    pid_file = Path(sandbox.debug(iid)["scratch"]) / "escaped.pid"
+    escaped = int(
+        wait_until(
+            lambda: pid_file.exists() and pid_file.read_text().strip(),
+            timeout=5,
+            what="the escaped pid",
+        )
+    )
+
+    sandbox.inject(iid, "freeze")
+    wait_until(lambda: process_state(escaped) == "T", timeout=5, what="the escaped process to stop")
+    sandbox.inject(iid, "destroy")
+
+    wait_until(lambda: process_state(escaped) in (None, "Z"), timeout=5, what="it to die")
+
+
+def process_state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return None
+
+
 def test_label_stop_and_start(sandbox: Sandbox):
     iid = sandbox.create(cheapest_ask(sandbox), onstart=SLEEP_ONSTART)
     sandbox.wait_status(iid, "running")

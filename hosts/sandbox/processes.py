@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -70,8 +71,22 @@ def instance_env(
     return env
 
 
+# A container is more than its process group: the agent starts the training command in a new
+# session, as any program may. Every process of an instance inherits SANDBOX_CONTAINER=<token>,
+# so destroy, freeze and the exit watch reach all of them, like a cgroup would.
+_CONTAINERS: dict[int, bytes] = {}  # pgid of the onstart leader -> environ marker
+
+
+def _environ(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
+
+
 def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of a process group, read from /proc."""
+    """Live (non-zombie) processes of an instance: its process group and its marked processes."""
+    marker = _CONTAINERS.get(pgid)
     members = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -81,9 +96,20 @@ def group_members(pgid: int) -> list[int]:
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[-1].split()
-        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+        if len(fields) < 3 or fields[0] == "Z":
+            continue
+        if int(fields[2]) == pgid or (marker is not None and marker in _environ(name)):
             members.append(int(name))
     return members
+
+
+def remember_container(pgid: int) -> None:
+    """Find the marker of a group that outlived a previous sandbox process."""
+    for pid in group_members(pgid):
+        for item in _environ(str(pid)).split(b"\0"):
+            if item.startswith(b"SANDBOX_CONTAINER="):
+                _CONTAINERS[pgid] = item + b"\0"
+                return
 
 
 def group_alive(pgid: int) -> bool:
@@ -109,10 +135,15 @@ def group_belongs(pgid: int, instance_id: int) -> bool:
 
 
 def signal_group(pgid: int | None, sig: int) -> None:
+    """Signal every process of the instance whose onstart leader was PGID."""
     if not pgid:
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+    if pgid in _CONTAINERS:
+        for pid in group_members(pgid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
 
 
 class Processes:
@@ -125,21 +156,24 @@ class Processes:
 
     def start(self, instance_id: int, scratch: Path, env: dict[str, str]) -> int:
         """Run ``bash onstart.sh`` in the scratch folder; returns the process group id."""
+        token = uuid.uuid4().hex
         with (scratch / "onstart.log").open("ab") as log:
             proc = subprocess.Popen(
                 ["bash", str(scratch / "onstart.sh")],
                 cwd=scratch,
-                env=env,
+                env={**env, "SANDBOX_CONTAINER": token},
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        _CONTAINERS[proc.pid] = f"SANDBOX_CONTAINER={token}\0".encode()
         self._track(instance_id, proc.pid, proc)
         return proc.pid
 
     def adopt(self, instance_id: int, pgid: int) -> None:
         """Watch a group that outlived a previous sandbox process."""
+        remember_container(pgid)
         self._track(instance_id, pgid, None)
 
     def _track(self, instance_id: int, pgid: int, proc: subprocess.Popen | None) -> None:
@@ -153,6 +187,7 @@ class Processes:
             time.sleep(POLL_S)
         with self.lock:
             self.groups.pop(pgid, None)
+        _CONTAINERS.pop(pgid, None)
         self.on_exit(instance_id, pgid, code)
 
     def kill(self, pgid: int | None, grace_s: float = 0.0) -> None:
