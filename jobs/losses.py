@@ -119,11 +119,13 @@ def mark_running(attempt: Attempt, *, now: datetime) -> None:
 
 def handle_exit(attempt: Attempt, *, exit_code: int | None, reason: str, now: datetime) -> None:
     """The training command ended. Success finishes the job; a non-zero exit is the user's bug:
-    the job fails and nothing is re-rented (moving hosts does not fix code)."""
+    the job fails and nothing is re-rented (moving hosts does not fix code), unless the job
+    allows ``max_script_retries`` more runs: then it restarts from its newest checkpoint."""
     with transaction.atomic():
         closed = close_attempt(attempt.pk, reason=f"exit {exit_code}", now=now, states=ACTIVE)
         if closed is None or reason == "stopped":
             return
+        Attempt.objects.filter(pk=closed.pk).update(exit_code=exit_code)
         if exit_code == 0:
             services.transition(
                 attempt.job_id,
@@ -133,6 +135,15 @@ def handle_exit(attempt: Attempt, *, exit_code: int | None, reason: str, now: da
                 message=f"finished at step {closed.step}",
                 final_step=closed.step,
                 finished_at=now,
+            )
+        elif script_retries_left(closed.job) > 0:
+            services.transition(
+                attempt.job_id,
+                JobState.RECOVERING,
+                now=now,
+                kind="script_retry",
+                message=f"the training command exited with {exit_code}; running it again",
+                data={"exit_code": exit_code, "log_tail": closed.log_tail[-2000:]},
             )
         else:
             services.transition(
@@ -145,6 +156,17 @@ def handle_exit(attempt: Attempt, *, exit_code: int | None, reason: str, now: da
                 failure_reason=f"exit code {exit_code}",
                 finished_at=now,
             )
+
+
+def script_retries_left(job: Job) -> int:
+    """How many more times a failing command may run (failed exits so far vs the job's cap)."""
+    failed_exits = (
+        Attempt.objects.filter(job=job, end_reason__startswith="exit ")
+        .exclude(exit_code=None)
+        .exclude(exit_code=0)
+        .count()
+    )
+    return job.max_script_retries + 1 - failed_exits
 
 
 def cancel_job(job_id: int, *, now: datetime, by: str = "") -> None:

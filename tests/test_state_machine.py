@@ -134,3 +134,23 @@ def test_cancel_during_recovery_marks_the_interruption(monkeypatch):
     losses.cancel_job(attempt.job_id, now=NOW)
 
     assert Interruption.objects.get(attempt=attempt).cancelled_before_recovery
+
+
+def test_a_job_with_script_retries_runs_a_failing_command_again_then_fails(monkeypatch):
+    monkeypatch.setattr("jobs.tasks.destroy_instance.delay", lambda *a: None)
+    job = JobFactory(max_script_retries=1)
+    first, _ = make_attempt(job, state="running", instance_id=1)
+
+    losses.handle_exit(first, exit_code=2, reason="failed", now=NOW)
+    job.refresh_from_db()
+    assert job.state == JobState.RECOVERING
+    assert job.events.filter(kind="script_retry").count() == 1
+    assert job.avoid_machine_ids == []  # not the host's fault
+
+    services.transition(job.pk, JobState.RENTING, now=NOW, kind="renting")
+    services.transition(job.pk, JobState.STARTING, now=NOW, kind="rented")
+    second, _ = make_attempt(job, number=2, state="running", instance_id=2)
+    losses.handle_exit(second, exit_code=2, reason="failed", now=NOW)
+
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED
