@@ -250,9 +250,13 @@ def test_charges_itemise_a_running_instance(sandbox: Sandbox):
     (offer_id,) = cheapest(client)
     instance_id = rent(client, offer_id, "contract-bill")
     wait_for_status(client, instance_id, "running")
-    time.sleep(1.0)
 
-    (charge,) = client.charges(began, datetime.now(UTC) + timedelta(minutes=1))
+    def billed_gpu_time():
+        charges = client.charges(began, datetime.now(UTC) + timedelta(minutes=1))
+        gpu = [i for c in charges for i in c.items if i.type == "gpu" and i.quantity]
+        return charges if gpu else None
+
+    (charge,) = wait_until(billed_gpu_time, timeout=20, what="GPU time on the invoice", every=0.2)
 
     assert charge.instance_id == instance_id
     assert charge.label == "contract-bill"
