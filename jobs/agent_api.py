@@ -25,6 +25,9 @@ class AgentToken(HttpBearer):
             return agent_services.authenticate_agent(token)
         except agent_services.TokenUnknown:
             return None
+        except agent_services.AttemptNotRentedYet as exc:
+            # 503 is "supervisor unavailable" to the agent: it backs off and tries again.
+            raise HttpError(503, "this attempt is not recorded as rented yet; retry soon") from exc
         except agent_services.TokenDead as exc:
             raise HttpError(410, f"this attempt has ended ({exc}); stop training and exit") from exc
 

@@ -34,13 +34,21 @@ class TokenDead(Exception):
     """The attempt behind this token has ended: the agent must stop (fencing)."""
 
 
+class AttemptNotRentedYet(Exception):
+    """The agent's instance exists but the supervisor has not recorded it: the create's answer
+    was lost and the reconciler adopts the instance by its label shortly. The agent must wait,
+    not stop: stopping would leave the adopted host without an agent."""
+
+
 def authenticate_agent(token: str) -> Attempt:
-    """The live attempt holding TOKEN; raises TokenUnknown or TokenDead."""
+    """The live attempt holding TOKEN; raises TokenUnknown, AttemptNotRentedYet or TokenDead."""
     attempt = (
         Attempt.objects.select_related("job__team").filter(token_prefix=token_prefix(token)).first()
     )
     if attempt is None or not token_matches(token, attempt.token_digest):
         raise TokenUnknown
+    if attempt.state == AttemptState.REQUESTED:
+        raise AttemptNotRentedYet
     if attempt.state not in ACTIVE:
         raise TokenDead(attempt.end_reason or attempt.state)
     return attempt

@@ -224,3 +224,13 @@ def test_exit_is_recorded(client):
     attempt.refresh_from_db()
     assert attempt.exit_code == 1
     assert attempt.log_tail == "Traceback"
+
+
+def test_an_agent_that_arrives_before_its_instance_is_recorded_is_asked_to_retry(client):
+    # The create's answer was lost; the reconciler will adopt the instance by its label.
+    _, token = make_attempt(state="requested")
+
+    response = call(client, token, "register", {"agent_version": "0.1"})
+
+    assert response.status_code == 503
+    assert "retry" in response.json()["detail"]
