@@ -1,4 +1,5 @@
-"""The background thread that ships ready checkpoints, one at a time, oldest step first."""
+"""The background thread that ships ready checkpoints, one at a time, newest first (older
+pending ones are dropped when uploads fall behind)."""
 
 from __future__ import annotations
 
@@ -65,14 +66,30 @@ class Uploader:
     def _run(self) -> None:
         while not self.fenced.is_set():
             finishing = self._finishing.is_set()  # read before the scan: nothing is missed
-            for ready in self._pending():
-                if self.fenced.is_set():
-                    return
-                self._ship(ready)
+            newest = self._newest_pending()
+            if newest is not None:
+                self._ship(newest)
+                continue  # more may have become ready during the upload: scan again
             if finishing:
                 return
             self._wake.wait(SCAN_EVERY_S)
             self._wake.clear()
+
+    def _newest_pending(self) -> ck.ReadyCheckpoint | None:
+        """The newest ready checkpoint not shipped yet. Older pending ones are dropped: when
+        uploads fall behind training, shipping a superseded checkpoint only delays the one a
+        resume would use."""
+        pending = self._pending()
+        if not pending:
+            return None
+        newest = max(pending, key=lambda ready: ready.step)
+        for stale in pending:
+            if stale is not newest:
+                log.info(
+                    "checkpoint step %d superseded by %d; not uploading it", stale.step, newest.step
+                )
+                self._handled.add((stale.path.name, stale.step))
+        return newest
 
     def _pending(self) -> list[ck.ReadyCheckpoint]:
         found = ck.find_ready(self.checkpoint_dir, on_bad_marker=self._bad_marker)

@@ -216,3 +216,32 @@ def test_multipart_sends_fixed_size_parts_and_returns_their_etags(tmp_path, monk
     assert done.sha256 == hashlib.sha256(b"".join(sent)).hexdigest()
     assert [p["part_number"] for p in done.parts] == list(range(1, count + 1))
     assert done.parts[0]["etag"] == '"etag-1"'
+
+
+def test_when_uploads_fall_behind_only_the_newest_pending_checkpoint_is_shipped(tmp_path):
+    import threading
+
+    from agent.uploader import Uploader
+
+    for step in (10, 20, 30):
+        make_checkpoint(tmp_path / f"checkpoint-{step}", step=step)
+    shipped: list[int] = []
+    uploader = Uploader(
+        api=None,
+        storage=None,
+        checkpoint_dir=tmp_path,
+        data_key=None,
+        counter=None,
+        fenced=threading.Event(),
+        on_token_dead=lambda: None,
+    )
+
+    def ship(ready) -> None:
+        shipped.append(ready.step)
+        uploader._handled.add((ready.path.name, ready.step))
+
+    uploader._ship = ship
+    uploader.start()
+
+    assert uploader.finish(timeout=10)
+    assert shipped == [30]

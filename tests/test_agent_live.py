@@ -78,7 +78,10 @@ def test_checkpoints_upload_verify_and_restore_on_a_second_attempt(
 
     assert result.returncode == 0, result.stderr[-3000:]
     ready = Checkpoint.objects.filter(job=job, state="ready").order_by("step")
-    assert [c.step for c in ready] == [20, 40]
+    # Step 40 always arrives; 20 only if it was shipped before 40 superseded it.
+    steps = [c.step for c in ready]
+    assert steps[-1] == 40
+    assert set(steps) <= {20, 40}
     store = object_store(job.team)
     for checkpoint in ready:
         body = store.open_read(checkpoint.key).read()

@@ -122,7 +122,11 @@ def test_it_runs_the_command_heartbeats_and_uploads_checkpoints(
     assert "no driver" in gpu["error"]
 
     ready = supervisor.ready_checkpoints(attempt)
-    assert [c.step for c in ready] == [10, 20, 30, 40]
+    # The last checkpoint always arrives; earlier ones only if not superseded while pending.
+    steps = [c.step for c in ready]
+    assert steps[-1] == 40
+    assert steps == sorted(set(steps))
+    assert set(steps) <= {10, 20, 30, 40}
     for ckpt in ready:
         data = s3.get(ckpt.key)
         assert hashlib.sha256(data).hexdigest() == ckpt.sha256
@@ -133,7 +137,7 @@ def test_it_runs_the_command_heartbeats_and_uploads_checkpoints(
         manifest = json.loads(s3.get(ckpt.key.rsplit("/", 1)[0] + "/manifest.json"))
         assert manifest["sha256"] == ckpt.sha256
     uploaded = sorted((tmp_path / "work" / "checkpoints").glob("*/NOMAD_UPLOADED"))
-    assert len(uploaded) == 4
+    assert len(uploaded) == len(steps)
     # Uploads run beside training: the first one completed while the command still ran.
     first_done = next(t for t, _, name, _ in supervisor.calls if name.endswith("/complete"))
     assert any(

@@ -219,14 +219,17 @@ def test_trainer_checkpoints_are_uploaded_and_the_next_attempt_resumes_from_the_
         assert last["total_steps"] == 12
         assert isinstance(last["loss"], float)
         ready = supervisor.ready_checkpoints(first)
-        assert [c.step for c in ready] == [4, 8, 12]
+        # 12 always arrives; 4 and 8 only if shipped before a newer one superseded them.
+        steps = [c.step for c in ready]
+        assert steps[-1] == 12
+        assert set(steps) <= {4, 8, 12}
         for ckpt in ready:
             files = tar_members(s3.get(ckpt.key))
             assert json.loads(files["trainer_state.json"])["global_step"] == ckpt.step
             assert {"adapter_model.safetensors", "optimizer.pt", "scheduler.pt"} <= set(files)
             assert agent.READY_MARKER not in files
         local = tmp_path / "one" / "checkpoints"
-        assert len(list(local.glob("checkpoint-*/NOMAD_UPLOADED"))) == 3
+        assert len(list(local.glob("checkpoint-*/NOMAD_UPLOADED"))) == len(steps)
 
         # The host is gone; the job was extended to 16 steps. The next attempt restores
         # checkpoint 12 and the Trainer goes on from there, not from 0.
