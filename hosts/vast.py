@@ -605,12 +605,7 @@ def parse_offer(raw: Mapping[str, Any]) -> Offer:
         disk_space_gb=_float(raw.get("disk_space")),
         cuda_max_good=_float(raw.get("cuda_max_good")),
         compute_cap=_int(raw.get("compute_cap")),
-        dph_base=_float(raw.get("dph_base")),
-        dph_total=_dph_total(raw),
-        min_bid=_float(raw.get("min_bid")),
-        storage_usd_per_gb_hour=_per(raw.get("storage_cost"), HOURS_PER_STORAGE_MONTH),
-        download_usd_per_gb=_traffic_usd_per_gb(raw, "down"),
-        upload_usd_per_gb=_traffic_usd_per_gb(raw, "up"),
+        **_prices(raw),
         inet_down_mbps=_float(raw.get("inet_down")),
         inet_up_mbps=_float(raw.get("inet_up")),
         reliability=_float(_first(raw, "reliability", "reliability2")),
@@ -620,6 +615,18 @@ def parse_offer(raw: Mapping[str, Any]) -> Offer:
         geolocation=_str(raw.get("geolocation")),
         raw=dict(raw),
     )
+
+
+def _prices(raw: Mapping[str, Any]) -> dict[str, float | None]:
+    """The price fields offers and instances share, in NomadGPU units."""
+    return {
+        "dph_base": _float(raw.get("dph_base")),
+        "dph_total": _dph_total(raw),
+        "min_bid": _float(raw.get("min_bid")),
+        "storage_usd_per_gb_hour": _per(raw.get("storage_cost"), HOURS_PER_STORAGE_MONTH),
+        "download_usd_per_gb": _traffic_usd_per_gb(raw, "down"),
+        "upload_usd_per_gb": _traffic_usd_per_gb(raw, "up"),
+    }
 
 
 def _first(raw: Mapping[str, Any], *keys: str) -> Any:
@@ -648,12 +655,7 @@ def parse_instance(raw: Mapping[str, Any]) -> Instance:
         gpu_name=_str(raw.get("gpu_name")),
         num_gpus=_int(raw.get("num_gpus")),
         is_bid=_bool(raw.get("is_bid")),
-        dph_base=_float(raw.get("dph_base")),
-        dph_total=_dph_total(raw),
-        min_bid=_float(raw.get("min_bid")),
-        storage_usd_per_gb_hour=_per(raw.get("storage_cost"), HOURS_PER_STORAGE_MONTH),
-        download_usd_per_gb=_traffic_usd_per_gb(raw, "down"),
-        upload_usd_per_gb=_traffic_usd_per_gb(raw, "up"),
+        **_prices(raw),
         disk_space_gb=_float(raw.get("disk_space")),
         start_date=utc_from_epoch(raw.get("start_date")),
         end_date=utc_from_epoch(raw.get("end_date")),
