@@ -320,7 +320,7 @@ def report(destroys: list[Drill], freezes: list[Drill], first: dict, timing: Tim
         if d.last_heartbeat_at is not None
     ]
     goal = DETECTION_GOAL_S / timing.scale
-    timeout_hb = 2  # jobs.models.HEARTBEAT_TIMEOUT_INTERVALS
+    from jobs.models import HEARTBEAT_TIMEOUT_INTERVALS as timeout_hb
 
     causes = sorted({d.cause for d in destroys + freezes})
     print(

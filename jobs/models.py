@@ -9,7 +9,13 @@ from django.utils import timezone
 from nomadgpu.fields import EncryptedTextField
 from nomadgpu.models import Team
 
-HEARTBEAT_TIMEOUT_INTERVALS = 2
+# Silence longer than this many heartbeat intervals is a lost host. 1.75 keeps detection of a
+# silent network loss within two intervals (the supervisor issue's goal; the watchdog adds up
+# to one tick, a third of an interval) and still forgives one lost heartbeat: the agent retries
+# a failed beat after 1, 2, 4 s, long before the timeout. DESIGN.md's 3 intervals would take
+# 45-50 s at 15 s beats. A host whose network drops for longer than ~11 s at 15 s beats is
+# treated as lost; jobs on flaky networks should use a longer heartbeat_interval_s.
+HEARTBEAT_TIMEOUT_INTERVALS = 1.75
 
 
 class JobState(models.TextChoices):
@@ -47,6 +53,10 @@ class Job(models.Model):
     start_timeout_s = models.PositiveIntegerField(default=1200)
     stall_timeout_s = models.PositiveIntegerField(default=900)
     max_script_retries = models.PositiveSmallIntegerField(default=0)
+    # Spending limit for this job in USD (team limits live in billing); None: no job limit.
+    budget_usd = models.DecimalField(max_digits=10, decimal_places=2, null=True, blank=True)
+    # Asked at submit: wait in the queue until the budget allows, instead of being refused.
+    start_when_budget_allows = models.BooleanField(default=False)
     # Machines that failed this job; selection skips them.
     avoid_machine_ids = models.JSONField(default=list, blank=True)
     # When the re-rent loop may try again after finding no offer (backoff with a cap).
@@ -73,9 +83,8 @@ class Job(models.Model):
 
     @property
     def heartbeat_timeout(self) -> timedelta:
-        """Silence longer than this is a lost host. Two intervals: a silent network loss is
-        caught within two heartbeat intervals (the field report saw ~30 s at 15 s beats),
-        while one late or lost heartbeat is not a loss."""
+        """Silence longer than this is a lost host (``HEARTBEAT_TIMEOUT_INTERVALS``: a silent
+        network loss is caught within two heartbeat intervals, one lost beat is forgiven)."""
         return timedelta(seconds=self.heartbeat_interval_s * HEARTBEAT_TIMEOUT_INTERVALS)
 
 

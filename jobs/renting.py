@@ -20,7 +20,7 @@ from django.db.models import F, Max
 
 from hosts import selection
 from hosts.models import Machine
-from hosts.vast import CreateOutcomeUnknown, Offer, OfferGone, VastClient, VastError
+from hosts.vast import CreateOutcomeUnknown, Instance, Offer, OfferGone, VastClient, VastError
 from jobs import services
 from jobs.bootstrap import render_bootstrap
 from jobs.models import (
@@ -149,7 +149,11 @@ def rent(attempt_id: int, *, now: datetime, client: VastClient | None = None) ->
         except VastError as exc:
             return give_up_renting(attempt, now=now, why=f"create failed: {exc}")
         record_rented(
-            attempt.pk, offer=offer, instance_id=created.id, decision=decision.as_dict(), now=now
+            attempt.pk,
+            fields={**offer_fields(offer), "disk_gb": req.disk_gb},
+            instance_id=created.id,
+            decision=decision.as_dict(),
+            now=now,
         )
         return "rented"
     return give_up_renting(
@@ -158,14 +162,18 @@ def rent(attempt_id: int, *, now: datetime, client: VastClient | None = None) ->
 
 
 def record_rented(
-    attempt_id: int, *, offer: Offer | None, instance_id: int, decision: dict, now: datetime
+    attempt_id: int,
+    *,
+    fields: dict,
+    instance_id: int,
+    decision: dict,
+    now: datetime,
 ) -> bool:
     """Store the created instance on the attempt; move the job to starting. False when the
     attempt was closed meanwhile (cancelled): then the instance is destroyed after commit."""
     from jobs import tasks
 
     with transaction.atomic():
-        fields = offer_fields(offer) if offer is not None else {}
         claimed = Attempt.objects.filter(pk=attempt_id, state=AttemptState.REQUESTED).update(
             state=AttemptState.STARTING,
             instance_id=instance_id,
@@ -205,6 +213,20 @@ def offer_fields(offer: Offer) -> dict:
         "storage_usd_per_gb_hour": offer.storage_usd_per_gb_hour or 0.0,
         "download_usd_per_gb": offer.download_usd_per_gb or 0.0,
         "upload_usd_per_gb": offer.upload_usd_per_gb or 0.0,
+    }
+
+
+def instance_fields(instance: Instance) -> dict:
+    """The attempt's host and rates taken from an adopted instance (no offer was recorded):
+    spend and reconciliation need them as much as for a rent that completed normally."""
+    return {
+        "machine_id": instance.machine_id,
+        "gpu_name": instance.gpu_name or "",
+        "dph_base": instance.dph_base or 0.0,
+        "storage_usd_per_gb_hour": instance.storage_usd_per_gb_hour or 0.0,
+        "download_usd_per_gb": instance.download_usd_per_gb or 0.0,
+        "upload_usd_per_gb": instance.upload_usd_per_gb or 0.0,
+        "disk_gb": instance.disk_space_gb or 0.0,
     }
 
 

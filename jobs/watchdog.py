@@ -120,7 +120,8 @@ def cause_of_due(attempt: Attempt, now: datetime) -> Loss | None:
         return Loss(attempt.pk, "gpu_fault", attempt.gpu_error[:300])
     timeout = job.heartbeat_timeout
     if attempt.last_heartbeat_at is None or attempt.last_heartbeat_at + timeout <= now:
-        return Loss(attempt.pk, "heartbeat_timeout", f"silent for more than {timeout.seconds} s")
+        silent = f"silent for more than {timeout.total_seconds():g} s"
+        return Loss(attempt.pk, "heartbeat_timeout", silent)
     if is_stalled(attempt, now):
         return Loss(attempt.pk, "stalled", f"step {attempt.step} for {job.stall_timeout_s} s")
     return None
@@ -209,7 +210,11 @@ def adopt_or_close(attempt: Attempt, instance: Instance | None, now: datetime) -
     if instance is not None:
         logger.info("adopting instance %s for %s by its label", instance.id, attempt)
         renting.record_rented(
-            attempt.pk, offer=None, instance_id=instance.id, decision={"adopted": True}, now=now
+            attempt.pk,
+            fields=renting.instance_fields(instance),
+            instance_id=instance.id,
+            decision={"adopted": True},
+            now=now,
         )
     elif now - requested >= grace("REQUESTED_GRACE_S"):
         renting.give_up_renting(attempt, now=now, why="instance creation never completed")
