@@ -1,5 +1,9 @@
 """``browser_page``: a headless Chromium page (Debian's chromium) that leaves a screenshot under
-``$NOMADGPU_VAR_DIR/screenshots`` when its test fails."""
+``$NOMADGPU_VAR_DIR/screenshots`` when its test fails.
+
+Request it after the fixtures that write test data: inside Playwright's sync context Django's
+connections belong to another async context, and a connection opened there is never closed
+(PostgreSQL then refuses to drop the test database)."""
 
 from __future__ import annotations
 
@@ -14,7 +18,9 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
 @pytest.fixture
-def browser_page(request):
+def browser_page(request, live_server):
+    # Depends on live_server so the browser (and its keep-alive connections, each holding a
+    # server thread with a database connection) closes before the live server stops.
     from playwright.sync_api import sync_playwright
 
     failed_before = request.session.testsfailed

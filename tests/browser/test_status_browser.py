@@ -38,7 +38,7 @@ def public_team(transactional_db):
     cache.clear()
 
 
-def test_the_status_page_renders_with_its_chart(browser_page, live_server, public_team):
+def test_the_status_page_renders_with_its_chart(live_server, public_team, browser_page):
     page = browser_page
     page.goto(f"{live_server.url}/status/open-lab/")
 
@@ -64,7 +64,7 @@ def test_the_status_page_renders_with_its_chart(browser_page, live_server, publi
     assert page.get_by_role("link", name="7 days").get_attribute("aria-current") == "page"
 
 
-def test_the_status_page_fits_a_phone_screen(browser_page, live_server, public_team):
+def test_the_status_page_fits_a_phone_screen(live_server, public_team, browser_page):
     page = browser_page
     page.set_viewport_size({"width": 375, "height": 740})
     page.goto(f"{live_server.url}/status/open-lab/?days=90")
