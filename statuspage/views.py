@@ -107,24 +107,25 @@ def status_document(status: stats.TeamStatus) -> dict:
         "daily": [
             {"date": d.day.isoformat(), "interruptions": d.interruptions} for d in status.daily
         ],
-        "incidents": [
-            {
-                "ref": i.ref,
-                "cause": i.cause,
-                "cause_label": i.cause_label,
-                "outcome": i.outcome,
-                "detected_at": iso(i.detected_at),
-                "back_on_machine_at": iso(i.back_on_machine_at),
-                "running_again_at": iso(i.running_again_at),
-                "resumed_step": i.resumed_step,
-            }
-            for i in status.incidents
-        ],
+        "incidents": [incident_document(i) for i in status.incidents],
         "health": {
             "watchdog": check(status.health.watchdog),
             "worker_and_beat": check(status.health.worker_and_beat),
             "provider": check(status.health.provider),
         },
+    }
+
+
+def incident_document(i: stats.Incident) -> dict:
+    return {
+        "ref": i.ref,
+        "cause": i.cause,
+        "cause_label": i.cause_label,
+        "outcome": i.outcome,
+        "detected_at": iso(i.detected_at),
+        "back_on_machine_at": iso(i.back_on_machine_at),
+        "running_again_at": iso(i.running_again_at),
+        "resumed_step": i.resumed_step,
     }
 
 
