@@ -158,6 +158,7 @@ def poll_providers(now: datetime) -> list[Loss]:
     default_account = account_of(None)
     by_account.setdefault(default_account, [])  # orphans are looked for on the server's account
     found: list[Loss] = []
+    errors: list[str] = []
     for (url, key), attempts in by_account.items():
         try:
             with VastClient(key, url) as client:
@@ -165,6 +166,15 @@ def poll_providers(now: datetime) -> list[Loss]:
                 found += reconcile_account(client, attempts, instances, now)
         except VastError as exc:
             logger.warning("provider poll of %s failed: %s", url, exc)
+            errors.append(f"{url}: {exc}")
+    # The status page's "provider reachable" (it shows only ok and the time, never the error).
+    ServiceHeartbeat.objects.update_or_create(
+        name="provider",
+        defaults={
+            "last_seen_at": now,
+            "detail": {"ok": not errors, "error": "; ".join(errors)[:500]},
+        },
+    )
     return found
 
 

@@ -16,5 +16,6 @@ urlpatterns = [
     path("", include("jobs.urls")),
     path("admin/", admin.site.urls),
     path("api/", api.urls),
+    path("status/", include("statuspage.urls")),
     path("storage/<path:key>", storage_views.local_object, name="local-object"),
 ]

@@ -1,0 +1,243 @@
+"""Interruption and recovery numbers for a team's public status page.
+
+Every number on the page, in the JSON, the Atom feed and the badge comes from ``team_status``,
+which reads ``jobs.Interruption`` rows (plus the count of jobs running now and the supervisor's
+``ServiceHeartbeat`` rows). Definitions, also in ``statuspage/README.md``:
+
+- **Window**: the last N calendar days in the team's time zone, today included (so the daily
+  bars add up to the total): from local midnight N-1 days ago until now. N is 7, 30 or 90.
+- **Interruptions**: rows whose ``detected_at`` falls in the window. *Resumed*, *cancelled before
+  recovery* and *still recovering* count those same interruptions (not distinct jobs), so they
+  add up to the total.
+- **Back on a machine**: ``detected_at`` → ``replacement_rented_at`` (the replacement host was
+  rented), over the interruptions that have one. **Running again**: ``detected_at`` →
+  ``running_again_at`` (training ran again on it). **Detection**: ``last_heartbeat_at`` →
+  ``detected_at``, where a heartbeat was ever heard.
+- **Percentiles** are nearest-rank: the p-th percentile of n sorted values is the value at
+  rank ceil(p·n/100), so every median and p90 is a duration that really happened (for an even
+  count the median is the lower of the two middle values).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
+from zoneinfo import ZoneInfo
+
+from django.conf import settings
+from django.utils.crypto import salted_hmac
+
+from jobs.models import Interruption, Job, JobState
+from nomadgpu.models import ServiceHeartbeat, Team
+
+WINDOWS = (7, 30, 90)
+DEFAULT_WINDOW = 30
+INCIDENT_LIMIT = 200  # newest first; a 90-day history longer than this is cut
+FRESH_INTERVALS = 3  # a heartbeat older than this many intervals is stale
+WATCHDOG = "watchdog"  # written by jobs.watchdog.record_tick on every tick
+PROVIDER = "provider"  # written by jobs.watchdog.poll_providers after every poll
+
+CAUSE_LABELS = {
+    "provider_gone": "instance vanished at the provider",
+    "provider_exited": "instance exited",
+    "provider_offline": "host went offline",
+    "provider_unknown": "provider lost contact with the host",
+    "outbid": "outbid by a higher bid",
+    "heartbeat_timeout": "agent heartbeats stopped",
+    "gpu_fault": "GPU fault",
+    "stalled": "training stalled",
+    "never_registered": "agent never started",
+    "agent_error": "agent error",
+    "killed": "training process killed",
+}
+
+
+@dataclass(frozen=True)
+class Durations:
+    """Seconds from one moment to another over a set of interruptions (nearest-rank)."""
+
+    count: int
+    median_s: float | None
+    p90_s: float | None
+
+
+@dataclass(frozen=True)
+class DayCount:
+    day: date  # a calendar day in the team's time zone
+    interruptions: int
+
+
+@dataclass(frozen=True)
+class Incident:
+    """One interruption as the public sees it: no job, host, command or cost."""
+
+    ref: str  # opaque and stable (an HMAC of the row id), for anchors and feed ids
+    cause: str
+    cause_label: str
+    detected_at: datetime  # in the team's time zone, like the other moments
+    back_on_machine_at: datetime | None
+    running_again_at: datetime | None
+    resumed_step: int | None
+    outcome: str  # "resumed" | "cancelled" | "recovering"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One supervisor health signal and when it was last seen. ``ok`` is None where it cannot
+    be told: no provider poll recorded recently (the watchdog that polls is not ticking)."""
+
+    ok: bool | None
+    last_seen_at: datetime | None
+
+
+@dataclass(frozen=True)
+class SupervisorHealth:
+    watchdog: Check  # the tick ran within a few intervals
+    worker_and_beat: Check  # beat schedules the tick and a worker runs it: a fresh tick is both
+    provider: Check  # the last provider poll succeeded, and was recent
+
+
+@dataclass(frozen=True)
+class TeamStatus:
+    team_name: str
+    team_slug: str
+    time_zone: str
+    days: int
+    generated_at: datetime
+    since: datetime
+    interruptions: int
+    resumed: int
+    cancelled_before_recovery: int
+    recovering: int
+    back_on_machine: Durations
+    running_again: Durations
+    detection: Durations
+    running_now: int
+    daily: tuple[DayCount, ...]
+    incidents: tuple[Incident, ...]
+    health: SupervisorHealth
+
+
+def team_status(team: Team, *, now: datetime, days: int = DEFAULT_WINDOW) -> TeamStatus:
+    """Every number of TEAM's status page over the last DAYS calendar days, as of NOW."""
+    if days not in WINDOWS:
+        raise ValueError(f"days must be one of {WINDOWS}")
+    tz = ZoneInfo(team.time_zone)
+    since = window_start(now, days, tz)
+    rows = list(
+        Interruption.objects.filter(
+            job__team=team, detected_at__gte=since, detected_at__lte=now
+        ).order_by("-detected_at", "-pk")
+    )
+    return TeamStatus(
+        team_name=team.name,
+        team_slug=team.slug,
+        time_zone=team.time_zone,
+        days=days,
+        generated_at=now.astimezone(tz),
+        since=since,
+        interruptions=len(rows),
+        resumed=sum(outcome_of(row) == "resumed" for row in rows),
+        cancelled_before_recovery=sum(outcome_of(row) == "cancelled" for row in rows),
+        recovering=sum(outcome_of(row) == "recovering" for row in rows),
+        back_on_machine=durations((row.detected_at, row.replacement_rented_at) for row in rows),
+        running_again=durations((row.detected_at, row.running_again_at) for row in rows),
+        detection=durations((row.last_heartbeat_at, row.detected_at) for row in rows),
+        running_now=Job.objects.filter(team=team, state=JobState.RUNNING).count(),
+        daily=daily_counts(rows, since=since, now=now, tz=tz),
+        incidents=tuple(incident(row, tz) for row in rows[:INCIDENT_LIMIT]),
+        health=supervisor_health(now=now),
+    )
+
+
+def window_start(now: datetime, days: int, tz: ZoneInfo) -> datetime:
+    """Local midnight DAYS-1 days before NOW's local date (aware, in TZ).
+
+    Built from the local date, not by subtracting 24 h steps, so a window crossing a DST change
+    still starts at midnight."""
+    first = now.astimezone(tz).date() - timedelta(days=days - 1)
+    return datetime.combine(first, time(0), tzinfo=tz)
+
+
+def daily_counts(
+    rows: list[Interruption], *, since: datetime, now: datetime, tz: ZoneInfo
+) -> tuple[DayCount, ...]:
+    """Interruptions per local calendar day from SINCE to NOW, days without any included."""
+    counts = Counter(row.detected_at.astimezone(tz).date() for row in rows)
+    first, last = since.date(), now.astimezone(tz).date()
+    span = (last - first).days + 1
+    return tuple(
+        DayCount(day, counts.get(day, 0))
+        for day in (first + timedelta(days=i) for i in range(span))
+    )
+
+
+def outcome_of(row: Interruption) -> str:
+    """resumed (training ran again), cancelled (before it did), or still recovering."""
+    if row.running_again_at is not None:
+        return "resumed"
+    if row.cancelled_before_recovery:
+        return "cancelled"
+    return "recovering"
+
+
+def durations(pairs) -> Durations:
+    """Median and p90 of END - START in seconds over the pairs where both are known."""
+    seconds = [(end - start).total_seconds() for start, end in pairs if start and end]
+    return Durations(
+        count=len(seconds),
+        median_s=nearest_rank(seconds, 50),
+        p90_s=nearest_rank(seconds, 90),
+    )
+
+
+def nearest_rank(values: list[float], percent: int) -> float | None:
+    """The PERCENT-th percentile by nearest rank: the value at rank ceil(percent·n/100)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = -(-percent * len(ordered) // 100)  # integer ceiling: no float rounding at n=10, 20…
+    return ordered[max(rank, 1) - 1]
+
+
+def incident(row: Interruption, tz: ZoneInfo) -> Incident:
+    def local(moment: datetime | None) -> datetime | None:
+        return moment.astimezone(tz) if moment else None
+
+    return Incident(
+        ref=incident_ref(row.pk),
+        cause=row.cause,
+        cause_label=CAUSE_LABELS.get(row.cause, row.cause.replace("_", " ")),
+        detected_at=local(row.detected_at),
+        back_on_machine_at=local(row.replacement_rented_at),
+        running_again_at=local(row.running_again_at),
+        resumed_step=row.resumed_step if row.running_again_at else None,
+        outcome=outcome_of(row),
+    )
+
+
+def incident_ref(pk: int) -> str:
+    """A stable public id for an interruption that does not reveal the row id or its order."""
+    return salted_hmac("statuspage.incident", str(pk)).hexdigest()[:16]
+
+
+def supervisor_health(*, now: datetime) -> SupervisorHealth:
+    """Is the watchdog ticking (and so beat and a worker alive), and is the provider reachable?"""
+    beats = {b.name: b for b in ServiceHeartbeat.objects.filter(name__in=[WATCHDOG, PROVIDER])}
+    tick = beats.get(WATCHDOG)
+    tick_fresh = is_fresh(tick, now, settings.WATCHDOG_INTERVAL_S)
+    watchdog = Check(ok=tick_fresh, last_seen_at=tick.last_seen_at if tick else None)
+    poll = beats.get(PROVIDER)
+    # A poll runs inside a tick, at most every PROVIDER_POLL_INTERVAL_S.
+    poll_every = settings.PROVIDER_POLL_INTERVAL_S + settings.WATCHDOG_INTERVAL_S
+    provider_ok = bool(poll.detail.get("ok")) if is_fresh(poll, now, poll_every) else None
+    provider = Check(ok=provider_ok, last_seen_at=poll.last_seen_at if poll else None)
+    return SupervisorHealth(watchdog=watchdog, worker_and_beat=watchdog, provider=provider)
+
+
+def is_fresh(beat: ServiceHeartbeat | None, now: datetime, interval_s: float) -> bool:
+    """Seen within FRESH_INTERVALS intervals of NOW (one late tick is not an outage)."""
+    if beat is None:
+        return False
+    return now - beat.last_seen_at <= timedelta(seconds=FRESH_INTERVALS * interval_s)

@@ -1,0 +1,237 @@
+"""The public status page of an opted-in team: HTML, JSON, Atom feed and SVG badge.
+
+No login. A team that has not opted in (``Team.public_status_page``) or does not exist is a 404
+on all four. Numbers come from ``stats.team_status``, cached for ``CACHE_SECONDS`` per team and
+window; whether the team is public is checked on every request, so opting out takes effect at
+once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.contrib.syndication.views import Feed
+from django.core.cache import cache
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.cache import patch_cache_control
+from django.utils.feedgenerator import Atom1Feed
+
+from nomadgpu.models import Team
+from statuspage import stats
+from statuspage.chart import bar_chart
+from statuspage.templatetags.status_tags import duration
+
+CACHE_SECONDS = 30
+JSON_VERSION = 1
+
+
+def public_team_or_404(slug: str) -> Team:
+    return get_object_or_404(Team, slug=slug, public_status_page=True)
+
+
+def cached_status(team: Team, days: int) -> stats.TeamStatus:
+    """The team's numbers for DAYS, computed at most once per ``CACHE_SECONDS``."""
+    key = f"statuspage:{team.pk}:{days}"
+    status = cache.get(key)
+    if status is None:
+        status = stats.team_status(team, now=timezone.now(), days=days)
+        cache.set(key, status, CACHE_SECONDS)
+    return status
+
+
+def requested_days(request: HttpRequest) -> int | None:
+    """The ``?days=`` window (7, 30 or 90; 30 when absent), or None when it is not one."""
+    raw = request.GET.get("days", str(stats.DEFAULT_WINDOW))
+    return int(raw) if raw.isdigit() and int(raw) in stats.WINDOWS else None
+
+
+def briefly_cacheable(response: HttpResponse) -> HttpResponse:
+    patch_cache_control(response, public=True, max_age=CACHE_SECONDS)
+    return response
+
+
+def bad_window() -> HttpResponse:
+    return HttpResponseBadRequest("days must be 7, 30 or 90", content_type="text/plain")
+
+
+def page(request: HttpRequest, slug: str) -> HttpResponse:
+    team = public_team_or_404(slug)
+    days = requested_days(request)
+    if days is None:
+        return bad_window()
+    status = cached_status(team, days)
+    context = {"status": status, "chart": bar_chart(status.daily), "windows": stats.WINDOWS}
+    return briefly_cacheable(render(request, "statuspage/status.html", context))
+
+
+def as_json(request: HttpRequest, slug: str) -> HttpResponse:
+    team = public_team_or_404(slug)
+    days = requested_days(request)
+    if days is None:
+        return bad_window()
+    return briefly_cacheable(JsonResponse(status_document(cached_status(team, days))))
+
+
+def iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment else None
+
+
+def status_document(status: stats.TeamStatus) -> dict:
+    """The JSON body, version 1 (schema in statuspage/README.md; add fields, never rename)."""
+
+    def spans(d: stats.Durations) -> dict:
+        return {"count": d.count, "median": d.median_s, "p90": d.p90_s}
+
+    def check(c: stats.Check) -> dict:
+        return {"ok": c.ok, "last_seen_at": iso(c.last_seen_at)}
+
+    return {
+        "version": JSON_VERSION,
+        "team": {"slug": status.team_slug, "name": status.team_name},
+        "time_zone": status.time_zone,
+        "generated_at": iso(status.generated_at),
+        "window": {"days": status.days, "since": iso(status.since)},
+        "interruptions": status.interruptions,
+        "resumed": status.resumed,
+        "cancelled_before_recovery": status.cancelled_before_recovery,
+        "recovering": status.recovering,
+        "percentile_method": "nearest-rank",
+        "back_on_machine_s": spans(status.back_on_machine),
+        "running_again_s": spans(status.running_again),
+        "detection_s": spans(status.detection),
+        "jobs_running_now": status.running_now,
+        "daily": [
+            {"date": d.day.isoformat(), "interruptions": d.interruptions} for d in status.daily
+        ],
+        "incidents": [incident_document(i) for i in status.incidents],
+        "health": {
+            "watchdog": check(status.health.watchdog),
+            "worker_and_beat": check(status.health.worker_and_beat),
+            "provider": check(status.health.provider),
+        },
+    }
+
+
+def incident_document(i: stats.Incident) -> dict:
+    return {
+        "ref": i.ref,
+        "cause": i.cause,
+        "cause_label": i.cause_label,
+        "outcome": i.outcome,
+        "detected_at": iso(i.detected_at),
+        "back_on_machine_at": iso(i.back_on_machine_at),
+        "running_again_at": iso(i.running_again_at),
+        "resumed_step": i.resumed_step,
+    }
+
+
+def badge_colour(p90_s: float | None) -> str:
+    """Green when the p90 until back on a machine is under 10 min, amber under an hour."""
+    if p90_s is None:
+        return "#667085"
+    if p90_s < 600:
+        return "#0f7b3f"
+    return "#b54708" if p90_s < 3600 else "#b42318"
+
+
+def badge(request: HttpRequest, slug: str) -> HttpResponse:
+    team = public_team_or_404(slug)
+    days = requested_days(request)
+    if days is None:
+        return bad_window()
+    p90 = cached_status(team, days).back_on_machine.p90_s
+    label, value = "recovery p90", duration(p90)
+    # About 7 px per character of 11 px Verdana, plus padding: close to shields.io's sizes.
+    label_w, value_w = 10 + 7 * len(label), 10 + 7 * len(value)
+    context = {
+        "label": label,
+        "value": value,
+        "colour": badge_colour(p90),
+        "label_w": label_w,
+        "value_w": value_w,
+        "width": label_w + value_w,
+        "label_x": label_w / 2,
+        "value_x": label_w + value_w / 2,
+    }
+    response = render(request, "statuspage/badge.svg", context, content_type="image/svg+xml")
+    return briefly_cacheable(response)
+
+
+@dataclass(frozen=True)
+class FeedEntry:
+    incident: stats.Incident
+    link: str
+
+
+class InterruptionFeed(Feed):
+    """Atom feed of the team's interruptions over the last 90 days, newest first."""
+
+    feed_type = Atom1Feed
+    limit = 50
+
+    def get_object(self, request: HttpRequest, slug: str) -> stats.TeamStatus:
+        return cached_status(public_team_or_404(slug), max(stats.WINDOWS))
+
+    def __call__(self, request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        return briefly_cacheable(super().__call__(request, *args, **kwargs))
+
+    def title(self, status: stats.TeamStatus) -> str:
+        return f"{status.team_name}: interruptions"
+
+    def subtitle(self, status: stats.TeamStatus) -> str:
+        return "Hosts lost under this team's jobs and how soon they were back (NomadGPU)."
+
+    def link(self, status: stats.TeamStatus) -> str:
+        return reverse("statuspage:page", args=[status.team_slug])
+
+    def items(self, status: stats.TeamStatus) -> list[FeedEntry]:
+        page_url = self.link(status)
+        return [
+            FeedEntry(i, f"{page_url}#incident-{i.ref}") for i in status.incidents[: self.limit]
+        ]
+
+    def item_title(self, entry: FeedEntry) -> str:
+        return f"Host lost: {entry.incident.cause_label} ({entry.incident.outcome})"
+
+    def item_description(self, entry: FeedEntry) -> str:
+        return incident_summary(entry.incident)
+
+    def item_link(self, entry: FeedEntry) -> str:
+        return entry.link
+
+    def item_guid(self, entry: FeedEntry) -> str:
+        return f"urn:nomadgpu:incident:{entry.incident.ref}"
+
+    item_guid_is_permalink = False
+
+    def item_pubdate(self, entry: FeedEntry) -> datetime:
+        return entry.incident.detected_at
+
+    def item_updateddate(self, entry: FeedEntry) -> datetime:
+        i = entry.incident
+        return i.running_again_at or i.back_on_machine_at or i.detected_at
+
+
+def incident_summary(i: stats.Incident) -> str:
+    """One incident in a sentence (feed entries): when, how long until back, which step."""
+    parts = [f"Detected {i.detected_at:%Y-%m-%d %H:%M %Z}: {i.cause_label}."]
+    if i.back_on_machine_at:
+        parts.append(f"Back on a machine after {duration(span(i, i.back_on_machine_at))}.")
+    if i.running_again_at:
+        parts.append(
+            f"Training running again after {duration(span(i, i.running_again_at))}, "
+            f"resumed from step {i.resumed_step}."
+        )
+    elif i.outcome == "cancelled":
+        parts.append("The job was cancelled before it recovered.")
+    else:
+        parts.append("Still recovering.")
+    return " ".join(parts)
+
+
+def span(i: stats.Incident, until: datetime) -> float:
+    return (until - i.detected_at).total_seconds()

@@ -1,0 +1,45 @@
+"""A real recovery on the sandbox, read back from the public status page over HTTP: the numbers
+are the Interruption row's, the supervisor is healthy, and the job's details stay private."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from django.core.cache import cache
+
+from jobs.models import Interruption
+from nomadgpu.models import Team
+from tests.e2e.conftest import wait_checkpoint, wait_running
+from tests.processes import wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+def test_a_real_recovery_shows_on_the_public_status_page(supervisor, live_server):
+    Team.objects.filter(pk=supervisor.team.pk).update(public_status_page=True)
+    job = supervisor.submit_toy(name="zz-private-status-e2e")
+    first = wait_running(job, timeout=90)
+    wait_checkpoint(job, attempt=first)
+
+    supervisor.sandbox.inject(first.instance_id, "destroy")
+
+    row = wait_until(
+        lambda: Interruption.objects.filter(attempt=first).exclude(running_again_at=None).first(),
+        timeout=120,
+        what="the job to run again on a new host",
+    )
+    cache.clear()  # the live server shares this process's cache
+    body = httpx.get(f"{live_server.url}/status/e2e.json", timeout=10).json()
+    back_s = (row.replacement_rented_at - row.detected_at).total_seconds()
+    assert (body["interruptions"], body["resumed"], body["recovering"]) == (1, 1, 0)
+    assert body["back_on_machine_s"] == {"count": 1, "median": back_s, "p90": back_s}
+    assert body["detection_s"]["count"] == 1
+    incident = body["incidents"][0]
+    assert (incident["cause"], incident["outcome"]) == ("provider_gone", "resumed")
+    assert incident["resumed_step"] == row.resumed_step > 0
+    assert body["health"]["watchdog"]["ok"] is True
+    assert body["health"]["provider"]["ok"] is True
+    page = httpx.get(f"{live_server.url}/status/e2e/", timeout=10).text
+    assert 'id="n-interruptions">1<' in page
+    assert "zz-private-status-e2e" not in page
+    assert str(first.instance_id) not in page
