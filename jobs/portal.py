@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -277,9 +277,12 @@ def loss_series(job: Job) -> list[tuple[float, float]]:
     return [(float(s), float(v)) for s, v in job.loss_points.values_list("step", "loss")]
 
 
-def spend_series(job: Job, *, now: datetime, points: int = 40) -> list[tuple[float, float]]:
-    """(minutes since submit, dollars) at POINTS moments from submit to now (or the finish).
+def spend_series(
+    job: Job, *, now: datetime, points: int = 40
+) -> tuple[list[tuple[float, float]], str]:
+    """((time since submit, dollars) at POINTS moments from submit to now or the finish, unit).
 
+    The unit (s, min or h) keeps the axis readable for a one-minute toy and a day-long run.
     Time-billed parts grow with time; traffic counters carry no times, so each attempt's
     traffic is counted from its rent on (a slight overstatement early in an attempt).
     """
@@ -287,7 +290,11 @@ def spend_series(job: Job, *, now: datetime, points: int = 40) -> list[tuple[flo
     start = job.created_at
     end = min(job.finished_at or now, now)
     if end <= start:
-        return []
+        return [], "s"
+    span_s = (end - start).total_seconds()
+    unit, per = (
+        ("s", 1.0) if span_s < 180 else ("min", 60.0) if span_s < 3 * 3600 else ("h", 3600.0)
+    )
     step = (end - start) / (points - 1)
     out = []
     for i in range(points):
@@ -295,8 +302,8 @@ def spend_series(job: Job, *, now: datetime, points: int = 40) -> list[tuple[flo
         dollars = sum(
             attempt_spend(a, now=t).total for a in attempts if a.rented_at and a.rented_at <= t
         )
-        out.append(((t - start) / timedelta(minutes=1), dollars))
-    return out
+        out.append(((t - start).total_seconds() / per, dollars))
+    return out, unit
 
 
 # --- Offers before submit ---------------------------------------------------------------------

@@ -50,11 +50,18 @@ def rows_for(team, *, now, limit: int = LIST_LIMIT) -> list[portal.JobRow]:
     return [portal.job_row(job, now=now) for job in jobs]
 
 
+def _positive_int(text: str | None, default: int) -> int:
+    try:
+        return max(int(text), 1) if text else default
+    except ValueError:
+        return default
+
+
 @login_required
 def job_list(request: HttpRequest) -> HttpResponse:
     """The current team's jobs; with htmx only the rows (polled while any job is live)."""
     team = current_team(request)
-    limit = min(int(request.GET.get("limit", LIST_LIMIT) or LIST_LIMIT), LIST_LIMIT)
+    limit = min(_positive_int(request.GET.get("limit"), LIST_LIMIT), LIST_LIMIT)
     rows = rows_for(team, now=timezone.now(), limit=limit)
     context = {"team": team, "rows": rows, "limit": limit, "any_live": any(r.live for r in rows)}
     template = "jobs/job_list.html#rows" if request.htmx else "jobs/job_list.html"
@@ -140,6 +147,7 @@ def detail_context(request: HttpRequest, job: Job) -> dict:
     row = portal.job_row(job, now=now)
     cost, cost_source = portal.job_cost(job, now=now)
     checkpoints = job.checkpoints.filter(state=CheckpointState.READY).select_related("attempt")
+    spend_points, spend_unit = portal.spend_series(job, now=now)
     return {
         "job": job,
         "row": row,
@@ -153,7 +161,8 @@ def detail_context(request: HttpRequest, job: Job) -> dict:
         "attempts": list(job.attempts.all()),
         "decision": portal.decision_of(_deciding_attempt(job)),
         "loss_chart": portal.line_chart(portal.loss_series(job)),
-        "spend_chart": portal.line_chart(portal.spend_series(job, now=now)),
+        "spend_chart": portal.line_chart(spend_points),
+        "spend_unit": spend_unit,
         "can_cancel": not services.is_terminal(job.state),
         "can_resume": job.state == JobState.PAUSED_BUDGET
         and can_manage_team(request.user, job.team),

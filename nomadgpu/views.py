@@ -4,7 +4,7 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 from django.utils import timezone
 
-from jobs import portal
+from jobs import portal, services
 from jobs.views import current_team, rows_for
 from nomadgpu.permissions import get_team_for_member_or_404, member_teams, role_in
 
@@ -23,7 +23,7 @@ def dashboard(request):
         "rows": rows,
         "limit": DASHBOARD_JOBS,
         "any_live": any(r.live for r in rows),
-        "live_count": team.jobs.exclude(state__in=portal.services.TERMINAL).count() if team else 0,
+        "live_count": team.jobs.exclude(state__in=services.TERMINAL).count() if team else 0,
         "month_spend": portal.team_month_spend(team, now=now) if team else 0.0,
     }
     return render(request, "nomadgpu/dashboard.html", context)
