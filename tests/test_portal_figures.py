@@ -70,3 +70,13 @@ def test_spend_series_picks_a_readable_time_unit():
     assert series[0] == (0.0, 0.0)
     assert series[-1][0] == pytest.approx(120.0)
     assert series[-1][1] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [(None, "—"), (45.4, "45 s"), (720, "12 min"), (7500, "2 h 05 min")],
+)
+def test_eta_reads_in_the_largest_sensible_unit(seconds, shown):
+    from jobs.templatetags.portal_tags import duration
+
+    assert duration(seconds) == shown

@@ -69,7 +69,7 @@ def test_job_list_shows_progress_eta_spend_host_and_interruptions(member_client,
     assert "<html" in html
     assert 'value="120"' in html
     assert "120/300" in html
-    assert "90 s" in html  # (300 - 120) steps x 0.5 s
+    assert "90 s" in html  # (300 - 120) steps x 0.5 s, shown rounded
     assert "RTX 4090" in html
     assert 'hx-trigger="every 3s"' in html
 
