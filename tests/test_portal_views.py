@@ -439,3 +439,44 @@ def test_a_checkpoint_not_ready_is_404(member_client, cast):
     response = member_client.get(reverse("checkpoint-download", args=[job.id, ckpt.id]))
 
     assert response.status_code == 404
+
+
+def test_a_budget_refusal_at_submit_is_shown_on_the_form(member_client, monkeypatch):
+    import sys
+    import types
+
+    class BudgetExceeded(Exception):
+        pass
+
+    # The budgets helper's module, as its submit path would raise it.
+    monkeypatch.setitem(
+        sys.modules, "billing.budgets", types.SimpleNamespace(BudgetExceeded=BudgetExceeded)
+    )
+
+    def refuse(*args, **kwargs):
+        raise BudgetExceeded("Team A's monthly limit of $50.00 would be crossed (estimate $61.20).")
+
+    monkeypatch.setattr("jobs.views.submit_spec", refuse)
+
+    response = member_client.post(reverse("job-new"), toy_form())
+
+    assert response.status_code == 200
+    assert "monthly limit of $50.00 would be crossed" in response.content.decode()
+    assert Job.objects.count() == 0
+
+
+def test_the_team_switcher_changes_the_team_shown(client, cast):
+    from nomadgpu.models import Membership
+
+    Membership.objects.create(user=cast.member, team=cast.team_b, role="member")
+    JobFactory(team=cast.team_a, name="team-a-job")
+    JobFactory(team=cast.team_b, name="team-b-job")
+    client.force_login(cast.member)
+
+    switched = client.get(reverse("dashboard") + "?team=team-b").content.decode()
+    listed = client.get(reverse("job-list")).content.decode()
+
+    assert 'id="team-switch"' in switched
+    assert "team-b-job" in switched
+    assert "team-b-job" in listed
+    assert "team-a-job" not in listed
