@@ -100,15 +100,12 @@ def projected_cost(job: Job, *, now: datetime, spend: Spend, progress: Progress)
 
 
 def job_cost(job: Job, *, now: datetime) -> tuple[float, str]:
-    """(dollars, "invoiced" or "estimated"): the invoices helper's reconciled cost when it is
-    installed, else the recorded spend."""
+    """(dollars, "invoiced" or "estimated"): the invoices helper's cost when it is installed
+    (``billing.reconcile.job_cost`` → ``JobCost(amount, basis, ...)``), else recorded spend."""
     reconciled = _optional("billing.reconcile", "job_cost")
     if reconciled is not None:
-        result = reconciled(job)
-        total = getattr(result, "total", result)
-        return float(total() if callable(total) else total), str(
-            getattr(result, "source", "invoiced")
-        )
+        cost = reconciled(job, now=now)
+        return float(cost.amount), str(cost.basis)
     return job_spend(job, now=now).total, "estimated"
 
 
