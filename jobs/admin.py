@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.utils import timezone
 
 from jobs import losses, services
-from jobs.models import Attempt, Checkpoint, Interruption, Job, JobEvent
+from jobs.models import Attempt, Checkpoint, Interruption, Job, JobEvent, LossPoint
 from nomadgpu.admin_scoping import TeamScopedAdmin
 
 
@@ -141,6 +141,19 @@ class InterruptionAdmin(TeamScopedAdmin):
         if item.running_again_at is None:
             return "—"
         return f"{(item.running_again_at - item.detected_at).total_seconds():.0f}"
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+
+@admin.register(LossPoint)
+class LossPointAdmin(TeamScopedAdmin):
+    team_path = "job__team"
+    list_display = ["job", "step", "loss", "created_at"]
+    list_filter = ["job__team"]
+    search_fields = ["job__name"]
+    list_select_related = ["job"]
+    readonly_fields = [f.name for f in LossPoint._meta.fields]
 
     def has_add_permission(self, request) -> bool:
         return False

@@ -18,7 +18,7 @@ from datetime import datetime
 from django.db.models import Case, F, Q, Value, When
 
 from jobs import checkpoints, losses
-from jobs.models import Attempt, AttemptState
+from jobs.models import Attempt, AttemptState, LossPoint, loss_sample_every
 from jobs.tokens import token_matches, token_prefix
 from nomadgpu.storage import object_store
 
@@ -157,7 +157,27 @@ def record_heartbeat(attempt: Attempt, beat: Heartbeat, *, now: datetime) -> dic
     )
     if attempt.state == AttemptState.STARTING and beat.phase == "running":
         losses.mark_running(attempt, now=now)
+    sample_loss(attempt, beat, now=now)
     return {"command": command, "heartbeat_interval_s": attempt.job.heartbeat_interval_s}
+
+
+def sample_loss(attempt: Attempt, beat: Heartbeat, *, now: datetime) -> bool:
+    """Keep BEAT's loss for the job's chart when its step enters a new sampling bucket.
+
+    ATTEMPT is the row as it was before this beat, so its step is the previous one: most beats
+    cost one integer comparison, and a job gets about ``LOSS_POINTS_PER_JOB`` rows in all.
+    """
+    if beat.loss is None or beat.step is None:
+        return False
+    every = loss_sample_every(beat.total_steps or attempt.job.total_steps)
+    previous = attempt.step
+    if previous is not None and beat.step // every <= previous // every:
+        return False
+    LossPoint.objects.bulk_create(
+        [LossPoint(job_id=attempt.job_id, step=beat.step, loss=beat.loss, created_at=now)],
+        ignore_conflicts=True,  # a resumed attempt may report a step the old one sampled
+    )
+    return True
 
 
 def _stalled(attempt: Attempt, beat: Heartbeat, now: datetime) -> bool:

@@ -264,3 +264,36 @@ class Interruption(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job} lost host ({self.cause}) at {self.detected_at:%Y-%m-%d %H:%M:%S}"
+
+
+class LossPoint(models.Model):
+    """A sample of the training loss for the job page's chart.
+
+    Written by the heartbeat only when the step crosses into a new bucket of
+    ``loss_sample_every(total_steps)`` steps (about 100 points per job), never on every beat.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="loss_points")
+    step = models.PositiveIntegerField()
+    loss = models.FloatField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["job", "step"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "step"], name="one_loss_point_per_step")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job} step {self.step}: {self.loss:.4f}"
+
+
+LOSS_POINTS_PER_JOB = 100
+
+
+def loss_sample_every(total_steps: int | None) -> int:
+    """Steps between two loss samples: about ``LOSS_POINTS_PER_JOB`` per job (every 10 steps
+    when the total is unknown)."""
+    if not total_steps:
+        return 10
+    return max(1, total_steps // LOSS_POINTS_PER_JOB)

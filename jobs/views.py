@@ -1,13 +1,236 @@
+"""Job pages: list, submit (with offers and cost before submit), detail, cancel, checkpoint
+download. Every page works without JavaScript; with htmx the live parts are fragments of the
+same templates (``page.html#fragment``), polled every few seconds while the job can change.
+"""
+
 from __future__ import annotations
 
-from django.contrib.auth.decorators import login_required
-from django.shortcuts import render
+import base64
+import importlib
 
-from jobs.models import Job
-from nomadgpu.permissions import get_visible_or_404
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_http_methods
+from django_htmx.http import HttpResponseClientRedirect
+
+from jobs import portal, services
+from jobs.forms import JobForm, spec_to_initial
+from jobs.losses import cancel_job
+from jobs.models import Checkpoint, CheckpointState, Job, JobState
+from jobs.spec import JOB_TEMPLATES, submit_spec, template_spec
+from nomadgpu.permissions import (
+    can_manage_team,
+    can_see_billing,
+    get_team_for_member_or_404,
+    get_visible_or_404,
+    member_teams,
+)
+from nomadgpu.storage import StorageError, object_store
+
+LIST_LIMIT = 200
+STREAM_CHUNK = 1024 * 1024
+
+
+def current_team(request: HttpRequest):
+    """The team chosen in the switcher (session), else the user's first team, else None."""
+    teams = list(member_teams(request.user))
+    slug = request.GET.get("team") or request.session.get("team")
+    team = next((t for t in teams if t.slug == slug), teams[0] if teams else None)
+    if team is not None and request.session.get("team") != team.slug:
+        request.session["team"] = team.slug
+    return team
+
+
+def rows_for(team, *, now, limit: int = LIST_LIMIT) -> list[portal.JobRow]:
+    jobs = portal.with_portal_data(Job.objects.filter(team=team))[:limit] if team else []
+    return [portal.job_row(job, now=now) for job in jobs]
+
+
+def _positive_int(text: str | None, default: int) -> int:
+    try:
+        return max(int(text), 1) if text else default
+    except ValueError:
+        return default
 
 
 @login_required
-def job_detail(request, job_id: int):
-    job = get_visible_or_404(Job.objects.select_related("team"), request.user, pk=job_id)
-    return render(request, "jobs/job_detail.html", {"job": job, "events": job.events.all()})
+def job_list(request: HttpRequest) -> HttpResponse:
+    """The current team's jobs; with htmx only the rows (polled while any job is live)."""
+    team = current_team(request)
+    limit = min(_positive_int(request.GET.get("limit"), LIST_LIMIT), LIST_LIMIT)
+    rows = rows_for(team, now=timezone.now(), limit=limit)
+    context = {"team": team, "rows": rows, "limit": limit, "any_live": any(r.live for r in rows)}
+    template = "jobs/job_list.html#rows" if request.htmx else "jobs/job_list.html"
+    return render(request, template, context)
+
+
+# --- Submit -----------------------------------------------------------------------------------
+
+
+def _budget_refusals() -> tuple[type[Exception], ...]:
+    """The budgets helper's "would cross a limit" exception(s), when that code is installed."""
+    found = []
+    for module in ("billing.budgets", "billing.services"):
+        try:
+            exc = getattr(importlib.import_module(module), "BudgetExceeded", None)
+        except ImportError:
+            continue
+        if isinstance(exc, type) and issubclass(exc, Exception):
+            found.append(exc)
+    return tuple(found)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def job_new(request: HttpRequest) -> HttpResponse:
+    """The submission form: a template pre-fills it, "Preview" shows offers and the estimated
+    cost (an htmx fragment, or the whole page without JS), "Submit" queues the job."""
+    teams = list(member_teams(request.user))
+    if not teams:
+        raise Http404("You are not in a team.")
+    team = current_team(request)
+    preview = None
+    if request.method == "POST":
+        team = get_team_for_member_or_404(request.user, request.POST.get("team", team.slug))
+        form = JobForm(request.POST)
+        if form.is_valid():
+            if request.POST.get("action") == "preview":
+                preview = portal.preview_offers(form.cleaned_data["spec"], team=team)
+            else:
+                job = _submit(request, form, team)
+                if job is not None:
+                    return redirect("job-detail", job.id)
+    else:
+        name = request.GET.get("template", "")
+        initial = spec_to_initial(template_spec(name)) if name in JOB_TEMPLATES else {}
+        form = JobForm(initial=initial)
+    templates = [(key, label) for key, (label, _) in JOB_TEMPLATES.items()]
+    context = {
+        "form": form,
+        "preview": preview,
+        "teams": teams,
+        "team": team,
+        "templates": templates,
+    }
+    # htmx swaps the form alone (its inline errors and the preview); without JS, the page.
+    template = "jobs/job_new.html#form" if request.htmx else "jobs/job_new.html"
+    return render(request, template, context)
+
+
+def _submit(request: HttpRequest, form: JobForm, team) -> Job | None:
+    refusals = _budget_refusals()
+    try:
+        job = submit_spec(
+            form.cleaned_data["spec"], team=team, created_by=request.user, now=timezone.now()
+        )
+    except refusals as exc:  # an empty tuple catches nothing
+        form.add_error(None, str(exc))
+        return None
+    messages.success(request, f"Job {job.name} submitted.")
+    return job
+
+
+# --- Detail -----------------------------------------------------------------------------------
+
+
+def _visible_job(request: HttpRequest, job_id: int) -> Job:
+    return get_visible_or_404(Job.objects.select_related("team"), request.user, pk=job_id)
+
+
+def detail_context(request: HttpRequest, job: Job) -> dict:
+    now = timezone.now()
+    job = portal.with_portal_data(Job.objects.filter(pk=job.pk)).get()
+    row = portal.job_row(job, now=now)
+    cost, cost_source = portal.job_cost(job, now=now)
+    checkpoints = job.checkpoints.filter(state=CheckpointState.READY).select_related("attempt")
+    spend_points, spend_unit = portal.spend_series(job, now=now)
+    return {
+        "job": job,
+        "row": row,
+        "cost": cost,
+        "cost_source": cost_source,
+        "budget_used_pct": (
+            min(100.0, 100.0 * row.spend.total / float(job.budget_usd)) if job.budget_usd else None
+        ),
+        "timeline": portal.timeline(job),
+        "checkpoints": checkpoints.order_by("-step"),
+        "attempts": list(job.attempts.all()),
+        "decision": portal.decision_of(_deciding_attempt(job)),
+        "loss_chart": portal.line_chart(portal.loss_series(job)),
+        "spend_chart": portal.line_chart(spend_points),
+        "spend_unit": spend_unit,
+        "can_cancel": not services.is_terminal(job.state),
+        "can_resume": job.state == JobState.PAUSED_BUDGET
+        and can_manage_team(request.user, job.team),
+        "show_billing": can_see_billing(request.user, job.team),
+    }
+
+
+def _deciding_attempt(job: Job):
+    """The newest attempt that recorded a selection decision."""
+    with_decision = [a for a in job.attempts.all() if a.decision]
+    return with_decision[-1] if with_decision else None
+
+
+@login_required
+def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
+    """The job page; with htmx only its live region (polled until the job is finished)."""
+    job = _visible_job(request, job_id)
+    template = "jobs/job_detail.html#live" if request.htmx else "jobs/job_detail.html"
+    return render(request, template, detail_context(request, job))
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
+    """Cancel after a confirmation: htmx asks in a dialog, without JS a confirm page asks."""
+    job = _visible_job(request, job_id)
+    if request.method == "GET" or request.POST.get("confirm") != "yes":
+        return render(request, "jobs/job_cancel.html", {"job": job})
+    try:
+        cancel_job(job.pk, now=timezone.now(), by=f"by {request.user.get_username()}")
+    except services.IllegalTransition:
+        messages.info(request, f"Job {job.name} had already finished.")
+    else:
+        messages.success(request, f"Job {job.name} cancelled; its checkpoints are kept.")
+    url = reverse("job-detail", args=[job.pk])
+    return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
+
+
+@login_required
+def checkpoint_download(request: HttpRequest, job_id: int, checkpoint_id: int) -> HttpResponse:
+    """Stream a ready checkpoint's tar from storage, decrypting an encrypted one on the way."""
+    job = _visible_job(request, job_id)
+    checkpoint = job.checkpoints.filter(pk=checkpoint_id, state=CheckpointState.READY).first()
+    if checkpoint is None:
+        raise Http404("No such ready checkpoint.")
+    try:
+        source = object_store(job.team).open_read(checkpoint.key)
+    except StorageError as exc:
+        raise Http404("The checkpoint object is missing from storage.") from exc
+    response = StreamingHttpResponse(
+        _stream(source, checkpoint, job), content_type="application/x-tar"
+    )
+    name = f"{job.name}-step{checkpoint.step}.tar"
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    if not checkpoint.encrypted:
+        response["Content-Length"] = str(checkpoint.size)
+    return response
+
+
+def _stream(source, checkpoint: Checkpoint, job: Job):
+    """Chunks of the object; decrypted ones for an ngck1 checkpoint (a chunk at a time)."""
+    from agent.ckptcrypto import DecryptingReader
+
+    try:
+        reader = source
+        if checkpoint.encrypted:
+            reader = DecryptingReader(source, base64.b64decode(job.data_key))
+        while chunk := reader.read(STREAM_CHUNK):
+            yield chunk
+    finally:
+        source.close()

@@ -1,0 +1,82 @@
+"""The numbers the portal shows, computed without a server: ETA, projections, month spend,
+chart geometry and the spend-over-time series."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from jobs import portal
+from tests.factories import JobFactory, make_attempt
+
+NOW = datetime(2026, 3, 1, 0, 30, tzinfo=UTC)
+
+
+def test_eta_is_remaining_steps_times_seconds_per_step():
+    assert portal.Progress(step=100, total=300, seconds_per_step=4.0).eta_s == 800
+    assert portal.Progress(step=100, total=300, seconds_per_step=None).eta_s is None
+    assert portal.Progress(step=None, total=300, seconds_per_step=4.0).percent is None
+
+
+def test_month_starts_at_midnight_in_the_teams_time_zone():
+    # 00:30 UTC on 1 March is still February in New York.
+    start = portal.month_start(NOW, "America/New_York")
+
+    assert (start.month, start.day, start.hour) == (2, 1, 0)
+
+
+@pytest.mark.django_db
+def test_spend_since_clips_time_billed_parts_to_the_period():
+    job = JobFactory()
+    attempt, _ = make_attempt(
+        job,
+        state="running",
+        dph_base=1.0,
+        rented_at=NOW - timedelta(hours=2),
+        registered_at=NOW - timedelta(hours=2),
+    )
+
+    spent = portal.spend_since([attempt], since=NOW - timedelta(hours=1), now=NOW)
+
+    assert spent == pytest.approx(1.0)  # one of the two GPU hours falls in the period
+
+
+def test_line_chart_maps_the_range_into_the_box_with_y_up():
+    chart = portal.line_chart([(0, 0.0), (10, 1.0)], width=100, height=50)
+
+    assert chart.points == "6.0,44.0 94.0,6.0"
+    assert (chart.y_min, chart.y_max) == (0.0, 1.0)
+
+
+def test_a_single_point_is_no_chart():
+    assert portal.line_chart([(0, 1.0)]) is None
+
+
+@pytest.mark.django_db
+def test_spend_series_picks_a_readable_time_unit():
+    job = JobFactory(created_at=NOW - timedelta(hours=2))
+    make_attempt(
+        job,
+        state="running",
+        dph_base=0.5,
+        rented_at=NOW - timedelta(hours=2),
+        registered_at=NOW - timedelta(hours=2),
+    )
+
+    series, unit = portal.spend_series(job, now=NOW, points=5)
+
+    assert unit == "min"
+    assert series[0] == (0.0, 0.0)
+    assert series[-1][0] == pytest.approx(120.0)
+    assert series[-1][1] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [(None, "—"), (45.4, "45 s"), (720, "12 min"), (7500, "2 h 05 min")],
+)
+def test_eta_reads_in_the_largest_sensible_unit(seconds, shown):
+    from jobs.templatetags.portal_tags import duration
+
+    assert duration(seconds) == shown
