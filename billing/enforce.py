@@ -185,10 +185,13 @@ def newest_ready_step(job_id: int) -> int | None:
 
 
 def checkpoint_arrived(pause: BudgetPause) -> bool:
-    """A checkpoint became ready after the pause asked for one."""
-    return Checkpoint.objects.filter(
+    """A checkpoint newer than the pause's request became ready."""
+    newer = Checkpoint.objects.filter(
         job_id=pause.job_id, state="ready", ready_at__gte=pause.requested_at
-    ).exists()
+    )
+    if pause.checkpoint_step is not None:
+        newer = newer.filter(step__gt=pause.checkpoint_step)
+    return newer.exists()
 
 
 def finish_pauses(*, now: datetime) -> int:
