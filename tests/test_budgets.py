@@ -4,7 +4,6 @@ reservations and resume, on the real database with the sandbox market's real off
 from __future__ import annotations
 
 import re
-
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -68,7 +67,7 @@ def state(job) -> str:
     return job.state
 
 
-# --- Periods and spend in a period -------------------------------------------------------------
+# --- Periods and spend in a period ------------------------------------------------------------
 
 
 def test_periods_are_local_calendar_periods_and_weeks_start_on_monday():
@@ -99,7 +98,7 @@ def test_a_job_running_across_midnight_counts_in_both_days_and_once_in_total(cas
     cast.team_a.time_zone = "Europe/Berlin"
     cast.team_a.save()
     start = datetime(2026, 11, 3, 22, 0, tzinfo=UTC)  # 23:00 local on Tuesday
-    job, attempt = running_job(cast.team_a, offer_id=HEAVY_4090, since=start)
+    _job, attempt = running_job(cast.team_a, offer_id=HEAVY_4090, since=start)
     Attempt.objects.filter(pk=attempt.pk).update(bytes_down=10 * GB)
     attempt.refresh_from_db()
     now = start + timedelta(hours=3)  # 02:00 local on Wednesday
@@ -117,7 +116,7 @@ def test_a_week_with_the_dst_change_bills_its_169_hours(cast):
     cast.team_a.time_zone = "Europe/Berlin"
     cast.team_a.save()
     lo, hi = period_bounds("week", datetime(2026, 10, 20, tzinfo=UTC), "Europe/Berlin")
-    job, attempt = running_job(cast.team_a, offer_id=PLAIN_4090, since=lo - timedelta(hours=5))
+    _job, attempt = running_job(cast.team_a, offer_id=PLAIN_4090, since=lo - timedelta(hours=5))
     Attempt.objects.filter(pk=attempt.pk).update(ended_at=hi + timedelta(hours=5))
     attempt.refresh_from_db()
     limits(cast.team_a, weekly_usd=1000)
@@ -129,11 +128,11 @@ def test_a_week_with_the_dst_change_bills_its_169_hours(cast):
     )
 
 
-# --- Warnings and pauses -------------------------------------------------------------------------
+# --- Warnings and pauses ----------------------------------------------------------------------
 
 
 def test_at_80_percent_one_warning_per_limit_and_period(cast):
-    job, attempt = running_job(cast.team_a, since=NOW - timedelta(hours=1))
+    job, _attempt = running_job(cast.team_a, since=NOW - timedelta(hours=1))
     limits(cast.team_a, daily_usd=2.0)  # $1.73 spent by noon: 86 %
 
     enforce.enforce_budgets(now=NOW)
@@ -185,8 +184,10 @@ def test_at_the_limit_the_agent_is_asked_to_checkpoint_then_the_machine_is_relea
     attempt.refresh_from_db()
     [paused] = events(job, "budget_paused")
     assert state(job) == "paused_budget"
-    assert attempt.state == "ended" and attempt.end_reason == "budget"
-    assert "job limit $1.00" in paused.message and "checkpoint 130" in paused.message
+    assert attempt.state == "ended"
+    assert attempt.end_reason == "budget"
+    assert "job limit $1.00" in paused.message
+    assert "checkpoint 130" in paused.message
     assert paused.data["checkpoint_step"] == 130
 
 
@@ -217,7 +218,7 @@ def test_the_deadline_is_cut_to_one_interval_before_the_projected_crossing(cast,
 
 def test_a_job_without_a_training_host_is_paused_at_once(cast):
     limits(cast.team_a, daily_usd=1)
-    spent, _ = running_job(cast.team_a, since=NOW - timedelta(hours=1))
+    _spent, _ = running_job(cast.team_a, since=NOW - timedelta(hours=1))
     waiting = JobFactory(team=cast.team_a, state="renting")
 
     enforce.enforce_budgets(now=NOW)
@@ -235,7 +236,8 @@ def test_two_jobs_crossing_a_team_limit_on_the_same_tick_both_stop(cast, setting
 
     report = enforce.enforce_budgets(now=NOW)
 
-    assert report["pausing"] == 2 and report["released"] == 2
+    assert report["pausing"] == 2
+    assert report["released"] == 2
     assert state(one) == state(two) == "paused_budget"
     assert {a.state for a in Attempt.objects.filter(pk__in=[a1.pk, a2.pk])} == {"ended"}
     other_team, _ = running_job(cast.team_b, since=NOW - timedelta(hours=3))
@@ -297,7 +299,7 @@ def toy_fields(**extra) -> dict:
         "name": "ft",
         "image": "pytorch/pytorch:2.4.0",
         "command": "python t.py",
-        "total_steps": 900,  # 900 × 4 s = 1 h on the reference RTX 4090 at $0.40/h
+        "total_steps": 900,  # 900 x 4 s = 1 h on the reference RTX 4090 at $0.40/h
         "requirements": {"gpu_names": ["RTX 4090"], "disk_gb": 20},
         "profile": {"image_gb": 3.0, "model_gb": 0.0, "upload_gb": 0.0},
         **extra,
@@ -336,7 +338,8 @@ def test_a_job_crossing_the_team_limit_can_wait_for_the_budget(
 
     assert renting.plan_rent(job.pk, now=NOW) is None
     job.refresh_from_db()
-    assert job.state == "queued" and job.next_rent_at == NOW + timedelta(seconds=60)
+    assert job.state == "queued"
+    assert job.next_rent_at == NOW + timedelta(seconds=60)
     assert "waiting: estimated cost $0.41" in events(job, "budget_wait")[0].message
     Attempt.objects.filter(job__team=cast.team_a).exclude(job=job).update(
         state="ended", ended_at=NOW
@@ -356,12 +359,13 @@ def test_two_jobs_cannot_both_squeeze_under_the_same_limit(
 
         planned = [renting.plan_rent(j.pk, now=NOW) for j in (first, second)]
 
-    assert planned[0] is not None and planned[1] is None
+    assert planned[0] is not None
+    assert planned[1] is None
     assert BudgetReservation.objects.get().job == first
     assert "reserved by running jobs" in events(second, "budget_wait")[0].message
 
 
-# --- Resume ----------------------------------------------------------------------------------------
+# --- Resume -----------------------------------------------------------------------------------
 
 
 def paused_job(cast, settings, **fields):
@@ -387,7 +391,8 @@ def test_an_admin_resumes_a_paused_job_after_raising_its_limit(
         with django_capture_on_commit_callbacks(execute=False) as callbacks:
             reply = client.post(url)
 
-    assert reply.status_code == 302 and reply.url == reverse("job-detail", args=[job.pk])
+    assert reply.status_code == 302
+    assert reply.url == reverse("job-detail", args=[job.pk])
     assert state(job) == "queued"
     assert events(job, "budget_resumed")[0].message.startswith("resumed by alice")
     assert len(callbacks) == 1  # plan_rent, after commit
@@ -404,9 +409,11 @@ def test_a_new_period_lets_the_job_resume(
     with time_machine.travel(NOW + timedelta(hours=2), tick=False):
         client.post(url)
         assert state(job) == "paused_budget"
-    with time_machine.travel(NOW + timedelta(days=1), tick=False):
-        with django_capture_on_commit_callbacks(execute=False):
-            client.post(url)
+    with (
+        time_machine.travel(NOW + timedelta(days=1), tick=False),
+        django_capture_on_commit_callbacks(execute=False),
+    ):
+        client.post(url)
 
     assert state(job) == "queued"
 
@@ -442,13 +449,12 @@ def test_the_admin_action_resumes_and_says_why_not(
     assert state(job) == "queued"
 
 
-# --- Portal and admin ------------------------------------------------------------------------------
+# --- Portal and admin -------------------------------------------------------------------------
 
 
 def test_the_banner_shows_limits_past_80_percent_to_the_team(client, cast):
     limits(cast.team_a, daily_usd=2)
-    running_job(cast.team_a, since=timedelta(hours=-1) + datetime.now(UTC))
-    job, _ = running_job(cast.team_a, since=datetime.now(UTC) - timedelta(hours=1))
+    _job, _ = running_job(cast.team_a, since=datetime.now(UTC) - timedelta(hours=1))
     enforce.enforce_budgets(now=datetime.now(UTC))
 
     client.force_login(cast.member)
@@ -493,5 +499,6 @@ def test_team_limits_are_edited_by_that_teams_admin_only(client, cast):
 
     assert saved.status_code == 302
     budget.refresh_from_db()
-    assert budget.daily_usd == Decimal("12.50") and budget.weekly_usd == Decimal("50")
+    assert budget.daily_usd == Decimal("12.50")
+    assert budget.weekly_usd == Decimal("50")
     assert hidden.status_code == 404
