@@ -13,7 +13,9 @@ affected jobs. A job is stopped in two steps:
    money runs out the checkpoint is usually uploaded.
 2. ``finish_pauses``: once a checkpoint newer than the pause is ready, or the deadline passes,
    the machine is released through ``jobs.losses.release_job`` and the job is paused_budget
-   with an event naming the limit. A job without a training host is paused at once.
+   with an event naming the limit. A started job without a training host (renting,
+   recovering) is paused at once; a queued one is left waiting: the rent reservation keeps it
+   from starting until the budget allows (a new period, a raised limit).
 
 Every step is a guarded claim (unique open pause per job, warning keys, guarded transitions),
 so two enforcers at once, or a tick repeated after a worker restart, do nothing twice. Spend
@@ -61,7 +63,7 @@ def enforce_budgets(*, now: datetime) -> dict:
             if status.ratio >= WARN_AT:
                 warned += warn_once(status, now=now)
             if must_stop(status):
-                for job_id in list(status.affected_jobs()):
+                for job_id in list(status.affected_jobs(started_only=True)):
                     started += start_pause(job_id, status, now=now)
     released += finish_pauses(now=now)
     return {"warned": warned, "pausing": started, "released": released}
@@ -144,7 +146,7 @@ def start_pause(job_id: int, status: LimitStatus, *, now: datetime) -> int:
     """Begin stopping JOB_ID for STATUS's limit: ask its agent for a checkpoint and open a
     pause with a deadline; a job with no training host is released at once. 1 if begun."""
     with transaction.atomic():
-        job = Job.objects.select_for_update().filter(pk=job_id, state__in=ACTIVE_JOB_STATES)
+        job = Job.objects.select_for_update().filter(pk=job_id, state__in=ACTIVE_JOB_STATES[1:])
         if not job.exists() or BudgetPause.objects.filter(job_id=job_id, released_at=None).exists():
             return 0
         live = Attempt.objects.filter(job_id=job_id, state=AttemptState.RUNNING).first()

@@ -75,9 +75,11 @@ class LimitStatus:
         who = self.job_id if self.kind == LimitKind.JOB else self.user_id or ""
         return f"{self.team_id}:{self.kind}:{who}:{self.period_start.isoformat()}"
 
-    def affected_jobs(self) -> Iterable[int]:
-        """Ids of the active jobs this limit stops."""
-        jobs = Job.objects.filter(team_id=self.team_id, state__in=ACTIVE_JOB_STATES)
+    def affected_jobs(self, *, started_only: bool = False) -> Iterable[int]:
+        """Ids of the active jobs under this limit; STARTED_ONLY leaves out queued jobs (they
+        hold no machine, and the rent reservation keeps them waiting until the budget allows)."""
+        states = ACTIVE_JOB_STATES[1:] if started_only else ACTIVE_JOB_STATES
+        jobs = Job.objects.filter(team_id=self.team_id, state__in=states)
         if self.kind == LimitKind.JOB:
             jobs = jobs.filter(pk=self.job_id)
         elif self.kind == LimitKind.MEMBER_MONTH:

@@ -349,6 +349,19 @@ def test_a_job_crossing_the_team_limit_can_wait_for_the_budget(
         assert renting.plan_rent(job.pk, now=tomorrow) is not None
 
 
+def test_at_the_team_limit_a_queued_job_keeps_waiting_while_started_ones_pause(cast, settings):
+    settings.BUDGET_CHECKPOINT_GRACE_S = 0
+    limits(cast.team_a, daily_usd=1)
+    started, _ = running_job(cast.team_a, since=NOW - timedelta(minutes=40))  # $1.16
+    waiting = JobFactory(team=cast.team_a, state="queued", start_when_budget_allows=True)
+
+    enforce.enforce_budgets(now=NOW)
+
+    assert state(started) == "paused_budget"
+    assert state(waiting) == "queued"  # starts by itself when the budget allows
+    assert len(events(waiting, "budget_warning")) == 1
+
+
 def test_two_jobs_cannot_both_squeeze_under_the_same_limit(
     cast, django_capture_on_commit_callbacks
 ):
