@@ -305,11 +305,12 @@ def _wait_for_budget(job: Job, why: str, *, now: datetime) -> None:
 
 
 def resume_blocker(job: Job, *, now: datetime) -> str | None:
-    """Why JOB cannot resume now (a limit it would cross at once), else None."""
+    """Why JOB cannot resume now, else None: a limit still reached, or the rest of the run
+    estimated to cross one (the rent reservation would hold it in the queue otherwise)."""
     for status in statuses_for_job(job, now=now):
         if status.spent_usd >= float(status.limit_usd):
             return f"the {status.label} is still reached (${status.spent_usd:.2f} spent)"
-    return None
+    return estimate_blocker(job, estimate_remaining_usd(job), now=now)
 
 
 def resume_job(job: Job, *, by: str, now: datetime) -> None:

@@ -515,3 +515,13 @@ def test_team_limits_are_edited_by_that_teams_admin_only(client, cast):
     assert budget.daily_usd == Decimal("12.50")
     assert budget.weekly_usd == Decimal("50")
     assert hidden.status_code == 404
+
+
+def test_resume_is_refused_while_the_rest_of_the_run_would_cross_the_limit(cast, settings):
+    job = paused_job(cast, settings, budget_usd=1)  # $1.73 spent
+    Job.objects.filter(pk=job.pk).update(budget_usd=2)  # raised, but not by the $0.45 left
+
+    with pytest.raises(services.BudgetExceeded, match=r"estimated cost \$0.4\d would cross"):
+        services.resume_job(job, by="alice", now=NOW + timedelta(minutes=1))
+
+    assert state(job) == "paused_budget"
