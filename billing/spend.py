@@ -77,3 +77,77 @@ def total_spend(attempts: Iterable, *, now: datetime) -> Spend:
 def job_spend(job, *, now: datetime) -> Spend:
     """Everything JOB has cost so far, across all its attempts (recoveries included once each)."""
     return total_spend(job.attempts.all(), now=now)
+
+
+def _overlap_hours(start: datetime | None, end: datetime, lo: datetime, hi: datetime) -> float:
+    if start is None:
+        return 0.0
+    return _hours(max(start, lo), min(end, hi))
+
+
+def attempt_spend_between(attempt, lo: datetime, hi: datetime, *, now: datetime) -> Spend:
+    """The part of ATTEMPT's spend that falls in the window [LO, HI) as seen at NOW.
+
+    GPU and storage time are clipped to the window, so a job running across midnight counts
+    in both days for the time it ran in each. The byte counters carry no timestamps: traffic
+    is spread evenly over the instance's life so far (rent to end, or NOW), so the shares of
+    all periods still add up to the attempt's traffic exactly once.
+    """
+    if attempt.rented_at is None:
+        return Spend()
+    end = min(attempt.ended_at, now) if attempt.ended_at else now
+    life_h = _hours(attempt.rented_at, end)
+    share = _overlap_hours(attempt.rented_at, end, lo, hi) / life_h if life_h > 0 else 0.0
+    if life_h == 0 and lo <= attempt.rented_at < hi:
+        share = 1.0
+    return Spend(
+        gpu=attempt.dph_base * _overlap_hours(attempt.registered_at, end, lo, hi),
+        storage=attempt.storage_usd_per_gb_hour
+        * attempt.disk_gb
+        * _overlap_hours(attempt.rented_at, end, lo, hi),
+        download=attempt.download_usd_per_gb * attempt.bytes_down / GB * share,
+        upload=attempt.upload_usd_per_gb * attempt.bytes_up / GB * share,
+    )
+
+
+def spend_between(attempts: Iterable, lo: datetime, hi: datetime, *, now: datetime) -> Spend:
+    """The sum of ``attempt_spend_between`` over ATTEMPTS (a team's, a member's, a job's)."""
+    out = Spend()
+    for attempt in attempts:
+        out = out + attempt_spend_between(attempt, lo, hi, now=now)
+    return out
+
+
+def burn_rate_per_hour(attempt, *, now: datetime) -> float:
+    """Dollars per hour ATTEMPT costs while it lives (GPU once registered, storage), traffic
+    excluded: it comes in bursts the counters only show afterwards."""
+    if attempt.rented_at is None or attempt.ended_at is not None:
+        return 0.0
+    gpu = attempt.dph_base if attempt.registered_at is not None else 0.0
+    return gpu + attempt.storage_usd_per_gb_hour * attempt.disk_gb
+
+
+def projected_total(job, *, now: datetime) -> float:
+    """Dollars JOB will have cost when it finishes: spend so far plus the rest of the run.
+
+    The rest is priced with the live attempt's rates and speed (observed seconds per step,
+    else the selection decision's estimate) for the steps still ahead, plus the decision's
+    upload cost for that share. Without a live attempt (queued, paused) the rest comes from
+    ``billing.services.estimate_remaining_usd``, the same estimate the pre-flight uses.
+    """
+    from billing.services import estimate_remaining_usd
+
+    so_far = job_spend(job, now=now).total
+    if job.state in ("succeeded", "failed", "cancelled"):
+        return so_far
+    live = job.attempts.filter(ended_at=None).exclude(rented_at=None).order_by("-number").first()
+    if live is None:
+        return so_far + estimate_remaining_usd(job)
+    cost = (live.decision or {}).get("chosen", {}).get("cost", {})
+    spp = live.seconds_per_step or cost.get("seconds_per_step") or 0.0
+    total_steps = job.total_steps or live.total_steps or 0
+    left = max(total_steps - (live.step or live.resumed_from_step or 0), 0)
+    rate = live.dph_base + live.storage_usd_per_gb_hour * live.disk_gb
+    planned_steps = cost.get("steps_remaining") or 0
+    upload = cost.get("upload_usd", 0.0) * (left / planned_steps if planned_steps else 0.0)
+    return so_far + rate * left * spp / 3600.0 + upload

@@ -20,14 +20,49 @@ class JobEventInline(admin.TabularInline):
 
 @admin.register(Job)
 class JobAdmin(TeamScopedAdmin):
-    list_display = ["name", "team", "state", "created_by", "created_at", "updated_at"]
+    list_display = [
+        "name",
+        "team",
+        "state",
+        "budget_usd",
+        "spend_so_far",
+        "created_by",
+        "created_at",
+        "updated_at",
+    ]
     list_filter = ["state", "team"]
     search_fields = ["name", "command", "image", "created_by__username"]
     list_select_related = ["team", "created_by"]
     date_hierarchy = "created_at"
     exclude = ["data_key"]
     inlines = [JobEventInline]
-    actions = ["cancel_jobs"]
+    actions = ["cancel_jobs", "resume_jobs"]
+    readonly_fields = ["spend_so_far", "projected_total"]
+
+    @admin.display(description="spend so far ($)")
+    def spend_so_far(self, job: Job) -> str:
+        from billing.spend import job_spend
+
+        return f"{job_spend(job, now=timezone.now()).total:.4f}"
+
+    @admin.display(description="projected total ($)")
+    def projected_total(self, job: Job) -> str:
+        from billing.spend import projected_total
+
+        return f"{projected_total(job, now=timezone.now()):.4f}"
+
+    @admin.action(description="Resume the selected budget-paused jobs (from their checkpoints)")
+    def resume_jobs(self, request, queryset) -> None:
+        from billing.services import BudgetExceeded, resume_job
+
+        resumed = 0
+        for job in queryset:
+            try:
+                resume_job(job, by=f"{request.user} (admin)", now=timezone.now())
+                resumed += 1
+            except BudgetExceeded as exc:
+                self.message_user(request, f"{job}: {exc}", level="warning")
+        self.message_user(request, f"Resumed {resumed} job(s).")
 
     @admin.action(description="Cancel the selected jobs (releases their machines)")
     def cancel_jobs(self, request, queryset) -> None:

@@ -171,19 +171,37 @@ def script_retries_left(job: Job) -> int:
 
 def cancel_job(job_id: int, *, now: datetime, by: str = "") -> None:
     """Stop a job for good: release its machine, keep its checkpoints."""
+    release_job(
+        job_id,
+        to=JobState.CANCELLED,
+        now=now,
+        kind="cancelled",
+        message=f"cancelled {by}".strip(),
+        reason="cancelled",
+        finished_at=now,
+    )
+
+
+def release_job(
+    job_id: int,
+    *,
+    to: str,
+    now: datetime,
+    kind: str,
+    message: str,
+    reason: str,
+    data: dict | None = None,
+    **fields,
+) -> None:
+    """Move JOB_ID to TO and release its machine (cancel, budget pause): the guarded transition
+    first, then every live attempt closed (its instance destroyed after commit). Checkpoints are
+    kept; an interruption still open ends here, not with a recovery."""
     with transaction.atomic():
-        services.transition(
-            job_id,
-            JobState.CANCELLED,
-            now=now,
-            kind="cancelled",
-            message=f"cancelled {by}".strip(),
-            finished_at=now,
-        )
+        services.transition(job_id, to, now=now, kind=kind, message=message, data=data, **fields)
         for attempt_id in Attempt.objects.filter(
             job_id=job_id, state__in=[*ACTIVE, AttemptState.PLANNED, AttemptState.REQUESTED]
         ).values_list("pk", flat=True):
-            close_attempt(attempt_id, reason="cancelled", now=now)
+            close_attempt(attempt_id, reason=reason, now=now)
         Interruption.objects.filter(job_id=job_id, running_again_at=None).update(
             cancelled_before_recovery=True
         )

@@ -60,7 +60,9 @@ def parse_label(label: str | None) -> tuple[int, int] | None:
 
 
 def plan_rent(job_id: int, *, now: datetime) -> Attempt | None:
-    """Commit the next attempt row for a job that needs a host; None when none is needed."""
+    """Commit the next attempt row for a job that needs a host; None when none is needed or
+    the budget does not allow it (the reservation is made in this same transaction)."""
+    from billing.services import reserve_for_rent
     from jobs import tasks
 
     with transaction.atomic():
@@ -69,6 +71,8 @@ def plan_rent(job_id: int, *, now: datetime) -> Attempt | None:
             return None
         if job.attempts.filter(state__in=LIVE_ATTEMPT_STATES).exists():
             return None
+        if not reserve_for_rent(job, now=now):
+            return None  # over a spending limit: the job waits (billing says why, once)
         number = (job.attempts.aggregate(n=Max("number"))["n"] or 0) + 1
         try:
             with transaction.atomic():

@@ -101,7 +101,11 @@ def after_commit(func, *args, **kwargs) -> None:
 
 
 def submit_job(*, team, created_by, now: datetime, **fields) -> Job:
-    """Create a queued job and ask for a host after commit (the watchdog would find it too)."""
+    """Create a queued job and ask for a host after commit (the watchdog would find it too).
+
+    Raises ``billing.services.BudgetExceeded`` (nothing created) when the job's estimated cost
+    would cross a spending limit and the submitter did not ask to wait for the budget."""
+    from billing.services import preflight
     from jobs import renting
 
     with transaction.atomic():
@@ -113,6 +117,7 @@ def submit_job(*, team, created_by, now: datetime, **fields) -> Job:
 
             job.data_key = new_data_key()
             job.save(update_fields=["data_key"])
+        preflight(job, now=now)
         record_event(job.pk, now=now, kind="submitted", message=f"submitted by {created_by}")
         after_commit(renting.plan_rent, job.pk, now=now)
     return job

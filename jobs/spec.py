@@ -111,7 +111,9 @@ def error_messages(exc: ValidationError) -> dict[str, str]:
 
 
 def submit_spec(spec: JobSpec, *, team, created_by, now: datetime):
-    """Submit a validated spec for TEAM; returns the queued job."""
+    """Submit a validated spec for TEAM; returns the queued job. Raises
+    ``billing.services.BudgetExceeded`` (a message with the numbers, nothing created) when the
+    estimate would cross a spending limit and the spec does not ask to wait for the budget."""
     from jobs.services import submit_job
 
     return submit_job(team=team, created_by=created_by, now=now, **spec.job_fields())

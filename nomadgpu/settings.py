@@ -201,11 +201,21 @@ WATCHDOG_INTERVAL_S = envfloat("WATCHDOG_INTERVAL_S", 5.0)
 PROVIDER_POLL_INTERVAL_S = envfloat("PROVIDER_POLL_INTERVAL_S", 10.0)
 # How often the notification outbox is swept for due (retried) deliveries.
 NOTIFY_INTERVAL_S = envfloat("NOTIFY_INTERVAL_S", 5.0)
+# Spending limits: how long a job stopped by a limit may take to upload its checkpoint before
+# its machine is destroyed anyway, and the $/h per GPU of the pre-flight's reference host.
+BUDGET_CHECKPOINT_GRACE_S = envfloat("BUDGET_CHECKPOINT_GRACE_S", 120.0)
+BUDGET_ESTIMATE_DPH = envfloat("BUDGET_ESTIMATE_DPH", 0.40)
 CELERY_BEAT_SCHEDULE = {
     "watchdog-tick": {
         "task": "jobs.tasks.watchdog_tick",
         "schedule": timedelta(seconds=WATCHDOG_INTERVAL_S),
         # A tick that waited longer than its interval is stale: the next one supersedes it.
+        "options": {"expires": WATCHDOG_INTERVAL_S * 0.9},
+    },
+    # Spending limits, at the watchdog's cadence (and once when a worker starts).
+    "billing-enforce": {
+        "task": "billing.tasks.enforce_budgets",
+        "schedule": timedelta(seconds=WATCHDOG_INTERVAL_S),
         "options": {"expires": WATCHDOG_INTERVAL_S * 0.9},
     },
     # Retries and anything a lost nudge left behind; each event also nudges it on commit.

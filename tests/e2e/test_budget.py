@@ -1,0 +1,95 @@
+"""A job budget on the sandbox at its real rates: the job is checkpointed, its host destroyed
+and the job paused; raising the limit and resuming continues it from that checkpoint."""
+
+from __future__ import annotations
+
+import threading
+from decimal import Decimal
+
+import pytest
+from django.utils import timezone
+
+from billing.models import BudgetPause
+from billing.services import resume_job
+from billing.spend import job_spend
+from billing.tasks import enforce_budgets
+from jobs.models import Checkpoint, Job, JobState
+from tests.e2e.conftest import (
+    FIELD_REPORT_REQUIREMENTS,
+    live_instances,
+    toy_digest,
+    toy_env,
+    wait_running,
+    wait_state,
+)
+from tests.processes import wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+# 300 steps of 0.1 s: 30 s of training on an H100 SXM ($1.73/h), about $0.015 in all.
+RUN = toy_env(steps=300, every=100, step_seconds=0.1)
+
+
+@pytest.fixture
+def enforcer(supervisor):
+    """Stands in for beat's billing-enforce entry at the e2e cadence (through the broker)."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(0.5):
+            enforce_budgets.apply_async(expires=2)
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    yield
+    stop.set()
+    thread.join()
+
+
+def test_a_job_reaching_its_budget_checkpoints_is_released_and_resumes(
+    supervisor, enforcer, settings
+):
+    settings.BUDGET_CHECKPOINT_GRACE_S = 5
+    settings.WATCHDOG_INTERVAL_S = 0.5
+    job = supervisor.submit_toy(
+        env=RUN,
+        budget_usd=Decimal("0.01"),
+        requirements={**FIELD_REPORT_REQUIREMENTS, "gpu_names": ["H100 SXM"]},
+        # An optimistic profile: the pre-flight lets it in, the real run costs more.
+        profile={
+            "image_gb": 0.1,
+            "model_gb": 0.0,
+            "upload_gb": 0.0,
+            "reference_gpu": "H100 SXM",
+            "reference_seconds_per_step": 0.01,
+            "container_start_s": 1,
+        },
+    )
+    first = wait_running(job, timeout=60)
+
+    wait_state(job, JobState.PAUSED_BUDGET, timeout=90)
+
+    pause = BudgetPause.objects.get(job=job)
+    kept = Checkpoint.objects.filter(job=job, state="ready").order_by("-step").first()
+    paused = job.events.get(kind="budget_paused")
+    assert kept is not None
+    assert kept.ready_at >= pause.requested_at  # the checkpoint asked for, not a periodic one
+    assert kept.step % 100 != 0
+    assert "job limit $0.01" in paused.message
+    assert paused.data["checkpoint_step"] == kept.step
+    wait_until(
+        lambda: not live_instances(supervisor.sandbox, job),
+        timeout=30,
+        what="the paused job's instance to be destroyed",
+    )
+    assert supervisor.sandbox.status(first.instance_id) is None
+    assert job_spend(job, now=timezone.now()).total <= 0.01
+
+    Job.objects.filter(pk=job.pk).update(budget_usd=Decimal("1.00"))
+    resume_job(job, by="the e2e test", now=timezone.now())
+
+    wait_state(job, JobState.SUCCEEDED, timeout=120)
+    second = job.attempts.order_by("-number").first()
+    assert second.number == 2
+    assert second.resumed_from_step == kept.step
+    assert f"final-digest: {toy_digest(RUN)}" in second.log_tail
