@@ -74,29 +74,37 @@ def settled_lines(attempt: Attempt) -> list[str]:
     return lines[:-1] if attempt.state in LIVE_ATTEMPT_STATES else lines
 
 
-def _digest(lines: list[str]) -> str:
-    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+def _line_digest(line: str) -> str:
+    return hashlib.sha256(line.encode()).hexdigest()[:8]
 
 
 def make_cursor(number: int, lines: list[str]) -> str:
-    anchor = lines[-ANCHOR_LINES:]
-    return f"{number}:{len(anchor)}:{_digest(anchor) if anchor else ''}"
+    """``<attempt>:<digest>.<digest>...`` of the last ANCHOR_LINES lines seen (none: empty)."""
+    return f"{number}:" + ".".join(_line_digest(line) for line in lines[-ANCHOR_LINES:])
 
 
-def parse_cursor(cursor: str) -> tuple[int, int, str]:
-    """(attempt number, anchor line count, anchor digest); ValueError when malformed."""
-    number, count, digest = cursor.split(":")
-    if int(count) not in range(ANCHOR_LINES + 1):
-        raise ValueError("bad anchor length")
-    return int(number), int(count), digest
+def parse_cursor(cursor: str) -> tuple[int, list[str]]:
+    """(attempt number, anchor line digests); ValueError when malformed."""
+    number, anchor = cursor.split(":")
+    digests = anchor.split(".") if anchor else []
+    if len(digests) > ANCHOR_LINES or any(len(d) != 8 for d in digests):
+        raise ValueError("bad anchor")
+    int("".join(digests) or "0", 16)
+    return int(number), digests
 
 
-def lines_after_anchor(lines: list[str], count: int, digest: str) -> tuple[list[str], bool]:
-    """The lines after the last place the anchor matches, and whether the anchor was lost."""
-    if count == 0:
+def lines_after_anchor(lines: list[str], anchor: list[str]) -> tuple[list[str], bool]:
+    """The lines after the last place the anchor matches, and whether the anchor was lost.
+
+    The anchor's first lines may already have rolled out of the tail: a match of its last
+    lines at the very start of the tail counts.
+    """
+    if not anchor:
         return lines, False
-    for end in range(len(lines), count - 1, -1):
-        if _digest(lines[end - count : end]) == digest:
+    digests = [_line_digest(line) for line in lines]
+    for end in range(len(digests), 0, -1):
+        width = min(len(anchor), end)
+        if digests[end - width : end] == anchor[-width:]:
             return lines[end:], False
     return lines, True
 
@@ -105,21 +113,23 @@ def follow_logs(attempts: list[Attempt], cursor: str | None) -> LogChunk:
     """The log lines after CURSOR across ATTEMPTS (a whole job's); without a cursor, the newest
     attempt's tail. The returned cursor continues from the last settled line."""
     attempts = sorted(attempts, key=lambda a: a.number)
+    if cursor is not None:
+        parse_cursor(cursor)  # a malformed cursor is refused even before there is any log
     if not attempts:
-        return LogChunk(lines=[], pending="", cursor=cursor or "0:0:", gap=False)
+        return LogChunk(lines=[], pending="", cursor=cursor or "0:", gap=False)
     out: list[LogLine] = []
     gap = False
     if cursor is None:
         newest = attempts[-1]
         out = [LogLine(newest.number, t) for t in settled_lines(newest)]
     else:
-        number, count, digest = parse_cursor(cursor)
+        number, anchor = parse_cursor(cursor)
         for attempt in attempts:
             if attempt.number < number:
                 continue
             lines = settled_lines(attempt)
             if attempt.number == number:
-                lines, gap = lines_after_anchor(lines, count, digest)
+                lines, gap = lines_after_anchor(lines, anchor)
             out.extend(LogLine(attempt.number, t) for t in lines)
     last = attempts[-1]
     pending = last.log_tail.split("\n")[-1] if last.state in LIVE_ATTEMPT_STATES else ""

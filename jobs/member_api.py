@@ -16,7 +16,7 @@ from typing import Any
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
-from ninja import Field, Query, Router, Schema
+from ninja import Field, Query, Router, Schema, Status
 from ninja.errors import HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 from ninja.security import HttpBearer, django_auth
@@ -240,7 +240,7 @@ def submit(request: HttpRequest, payload: SubmitIn):
     spec = JobSpec.model_validate(payload.model_dump(exclude={"team"}))
     now = timezone.now()
     job = submit_spec(spec, team=team, created_by=request.auth, now=now)
-    return 201, job_detail_out(_job_or_404(request, job.pk), now=now)
+    return Status(201, job_detail_out(_job_or_404(request, job.pk), now=now))
 
 
 @router.get("/", response=list[JobOut])
@@ -328,10 +328,13 @@ def drill(request: HttpRequest, job_id: int):
         attempt=attempt.number,
         instance_id=attempt.instance_id,
     )
-    return 202, {
-        "job_id": job.pk,
-        "attempt": attempt.number,
-        "instance_id": attempt.instance_id,
-        "step": attempt.step,
-        "destroyed_at": now,
-    }
+    return Status(
+        202,
+        {
+            "job_id": job.pk,
+            "attempt": attempt.number,
+            "instance_id": attempt.instance_id,
+            "step": attempt.step,
+            "destroyed_at": now,
+        },
+    )
