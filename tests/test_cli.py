@@ -7,9 +7,6 @@ Commands that return at once run in-process (``main(argv)``); the followers run 
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-import threading
 
 import pytest
 from django.db import transaction
@@ -18,8 +15,9 @@ from django.utils import timezone
 from jobs import services
 from jobs.models import Attempt, Job, JobState
 from nomadgpu import api_tokens, cli
+from tests.cli_support import Follower
 from tests.factories import JobFactory, make_attempt
-from tests.processes import ROOT, wait_until
+from tests.processes import wait_until
 from tests.s3_support import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -60,43 +58,6 @@ def job_file(tmp_path):
     path = tmp_path / "job.toml"
     path.write_text(JOB_TOML)
     return path
-
-
-class Follower:
-    """``python -m nomadgpu.cli ...`` in a subprocess, its output collected line by line."""
-
-    def __init__(self, url: str, token: str, *argv: str) -> None:
-        self.lines: list[str] = []
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "nomadgpu.cli", "--url", url, "--poll", "0.1", *argv],
-            cwd=ROOT,
-            env={"NOMADGPU_TOKEN": token, "PATH": "/usr/bin:/bin", "PYTHONUNBUFFERED": "1"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def wait_for(self, text: str, timeout: float = 30) -> None:
-        wait_until(
-            lambda: any(text in line for line in self.lines),
-            timeout=timeout,
-            what=f"the CLI to print {text!r}; it printed {self.lines}",
-        )
-
-    def finish(self, timeout: float = 30) -> int:
-        code = self.proc.wait(timeout=timeout)
-        self.reader.join(timeout=5)
-        return code
-
-    @property
-    def output(self) -> str:
-        return "\n".join(self.lines)
 
 
 def move(job: Job, to: str, kind: str, **fields) -> None:
