@@ -34,13 +34,20 @@ def running_attempt(job: Job) -> Attempt:
     return attempt
 
 
+def destroy_running_host(job: Job) -> Attempt:
+    """Destroy the instance under JOB's running attempt, the way a host dies; returns the
+    attempt. Raises DrillError when nothing runs; the provider's errors (VastError) pass on."""
+    attempt = running_attempt(job)
+    with VastClient.from_settings(job.team) as client:
+        client.destroy_instance(attempt.instance_id)
+    return attempt
+
+
 def drill_once(
     job: Job, *, timeout_s: float = 900, poll_s: float = 0.5, say: Callable[[str], None] = print
 ) -> DrillResult:
     """Destroy the job's running host and wait until training runs again elsewhere."""
-    attempt = running_attempt(job)
-    with VastClient.from_settings(job.team) as client:
-        client.destroy_instance(attempt.instance_id)
+    attempt = destroy_running_host(job)
     destroyed_at = timezone.now()
     say(f"destroyed instance {attempt.instance_id} of job {job.pk} at step {attempt.step}")
     deadline = time.monotonic() + timeout_s

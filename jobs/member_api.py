@@ -22,9 +22,9 @@ from ninja.errors import ValidationError as NinjaValidationError
 from ninja.security import HttpBearer, django_auth
 
 from billing.spend import job_spend
-from hosts.vast import VastClient, VastError
+from hosts.vast import VastError
 from jobs import job_status, losses, services
-from jobs.drill import DrillError, running_attempt
+from jobs.drill import DrillError, destroy_running_host
 from jobs.models import Job
 from jobs.spec import JobSpec, submit_spec
 from nomadgpu import api_tokens
@@ -279,7 +279,13 @@ def events(
     after: int = Query(0, ge=0, description="event id: only newer events"),
     limit: int = Query(200, ge=1, le=1000),
 ):
-    """The job's timeline in order; follow it by passing the returned cursor as ``after``."""
+    """The job's timeline in order; follow it by passing the returned cursor as ``after``.
+
+    Ordered by id. A transition's event is written while its update holds the job row, so
+    transitions commit in id order; an event written without a transition (checkpoint
+    ready, no offers) concurrently with another could commit out of id order, and a follower
+    polling in between would skip it (it is still in the full timeline).
+    """
     job = _job_or_404(request, job_id)
     rows = list(job.events.filter(pk__gt=after).order_by("pk")[:limit])
     cursor = rows[-1].pk if rows else after
@@ -311,12 +317,9 @@ def drill(request: HttpRequest, job_id: int):
     if not can_manage_team(request.auth, job.team):
         raise HttpError(403, "only an admin of the job's team may break its host on purpose")
     try:
-        attempt = running_attempt(job)
+        attempt = destroy_running_host(job)
     except DrillError as exc:
         raise HttpError(409, str(exc)) from exc
-    try:
-        with VastClient.from_settings(job.team) as client:
-            client.destroy_instance(attempt.instance_id)
     except VastError as exc:
         raise HttpError(502, f"the provider refused to destroy the instance: {exc}") from exc
     now = timezone.now()
