@@ -317,20 +317,11 @@ def drill(request: HttpRequest, job_id: int):
     if not can_manage_team(request.auth, job.team):
         raise HttpError(403, "only an admin of the job's team may break its host on purpose")
     try:
-        attempt = destroy_running_host(job)
+        attempt = destroy_running_host(job, by=f"by {request.auth} (API)")
     except DrillError as exc:
         raise HttpError(409, str(exc)) from exc
     except VastError as exc:
         raise HttpError(502, f"the provider refused to destroy the instance: {exc}") from exc
-    now = timezone.now()
-    services.record_event(
-        job.pk,
-        now=now,
-        kind="drill",
-        message=f"fire drill: instance {attempt.instance_id} destroyed by {request.auth}",
-        attempt=attempt.number,
-        instance_id=attempt.instance_id,
-    )
     return Status(
         202,
         {
@@ -338,6 +329,6 @@ def drill(request: HttpRequest, job_id: int):
             "attempt": attempt.number,
             "instance_id": attempt.instance_id,
             "step": attempt.step,
-            "destroyed_at": now,
+            "destroyed_at": timezone.now(),
         },
     )

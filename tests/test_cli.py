@@ -6,6 +6,7 @@ Commands that return at once run in-process (``main(argv)``); the followers run 
 
 from __future__ import annotations
 
+import io
 import re
 
 import pytest
@@ -230,3 +231,25 @@ def test_logs_follow_prints_new_lines_as_they_arrive_until_the_job_ends(live_ser
 
     assert follower.finish() == 0
     assert follower.lines == ["step 1", "step 2", "step 3", "step 4", "done"]
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_on_a_terminal_the_progress_line_is_redrawn_in_place_under_the_events():
+    screen = cli.Screen(FakeTerminal())
+    job = {"state": "running", "step": 150, "total_steps": 300, "progress": 0.5, "eta_s": 75}
+
+    screen.progress(cli.progress_bar(job))
+    screen.line("12:00:00 host_lost")
+    screen.progress(cli.progress_bar({**job, "step": 151, "progress": 151 / 300}))
+    screen.done()
+
+    bar = "[###############...............] 150/300  50%  ETA 1m15s  running"
+    assert screen.stream.getvalue() == (
+        f"\r\033[K{bar}"
+        f"\r\033[K12:00:00 host_lost\n{bar}"
+        "\r\033[K[###############...............] 151/300  50%  ETA 1m15s  running\n"
+    )

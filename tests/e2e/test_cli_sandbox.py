@@ -4,9 +4,11 @@ web process, worker, agent and trainer behind the member API."""
 
 from __future__ import annotations
 
+import io
 import re
 
 import pytest
+from django.core.management import call_command
 from django.utils import timezone
 
 from jobs.models import Interruption, Job, JobState
@@ -98,3 +100,16 @@ def test_drill_destroys_the_host_and_reports_the_recovery(supervisor, live_serve
         timeout=30,
         what="the destroyed instance to be gone",
     )
+
+
+def test_manage_py_drill_shares_the_destroy_and_prints_the_recovery(supervisor):
+    job = supervisor.submit_toy()
+    first = wait_running(job, timeout=90)
+    out = io.StringIO()
+
+    call_command("drill", str(job.pk), "--timeout", "120", stdout=out)
+
+    interruption = Interruption.objects.get(attempt=first)
+    assert interruption.running_again_at is not None
+    assert job.events.filter(kind="drill", data__instance_id=first.instance_id).exists()
+    assert f"resumed from step {interruption.resumed_step}" in out.getvalue()
