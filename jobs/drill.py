@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from django.utils import timezone
 
 from hosts.vast import VastClient
+from jobs import services
 from jobs.models import Attempt, AttemptState, Interruption, Job
 
 
@@ -34,13 +35,29 @@ def running_attempt(job: Job) -> Attempt:
     return attempt
 
 
+def destroy_running_host(job: Job, *, by: str = "") -> Attempt:
+    """Destroy the instance under JOB's running attempt, the way a host dies, and put a
+    ``drill`` event on the timeline; returns the attempt. Raises DrillError when nothing runs;
+    the provider's errors (VastError) pass on."""
+    attempt = running_attempt(job)
+    with VastClient.from_settings(job.team) as client:
+        client.destroy_instance(attempt.instance_id)
+    services.record_event(
+        job.pk,
+        now=timezone.now(),
+        kind="drill",
+        message=f"fire drill: instance {attempt.instance_id} destroyed {by}".rstrip(),
+        attempt=attempt.number,
+        instance_id=attempt.instance_id,
+    )
+    return attempt
+
+
 def drill_once(
     job: Job, *, timeout_s: float = 900, poll_s: float = 0.5, say: Callable[[str], None] = print
 ) -> DrillResult:
     """Destroy the job's running host and wait until training runs again elsewhere."""
-    attempt = running_attempt(job)
-    with VastClient.from_settings(job.team) as client:
-        client.destroy_instance(attempt.instance_id)
+    attempt = destroy_running_host(job, by="by manage.py drill")
     destroyed_at = timezone.now()
     say(f"destroyed instance {attempt.instance_id} of job {job.pk} at step {attempt.step}")
     deadline = time.monotonic() + timeout_s

@@ -5,7 +5,7 @@ from django.utils import timezone
 
 from nomadgpu import crypto
 from nomadgpu.admin_scoping import SecretFieldsForm, TeamScopedAdmin, clear_secret_field
-from nomadgpu.models import Membership, ServiceHeartbeat, Team
+from nomadgpu.models import ApiToken, Membership, ServiceHeartbeat, Team
 
 
 class TeamForm(SecretFieldsForm):
@@ -94,3 +94,41 @@ class ServiceHeartbeatAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None) -> bool:
         return False
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Tokens are created by their owner in the portal (shown once); here they are seen and
+    revoked. Only superusers: a token belongs to a person, not to a team."""
+
+    list_display = ["name", "user", "masked", "created_at", "last_used_at", "revoked_at"]
+    list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
+    search_fields = ["name", "user__username", "prefix"]
+    list_select_related = ["user"]
+    readonly_fields = ["user", "name", "masked", "created_at", "last_used_at", "revoked_at"]
+    fields = readonly_fields
+    actions = ["revoke"]
+
+    @admin.display(description="token")
+    def masked(self, token: ApiToken) -> str:
+        return f"ngpt_{token.prefix}…"
+
+    @admin.action(description="Revoke the selected tokens")
+    def revoke(self, request, queryset) -> None:
+        count = queryset.filter(revoked_at=None).update(revoked_at=timezone.now())
+        self.message_user(request, f"{count} token(s) revoked.")
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_module_permission(self, request) -> bool:
+        return request.user.is_superuser
+
+    def has_view_permission(self, request, obj=None) -> bool:
+        return request.user.is_superuser
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return request.user.is_superuser
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return request.user.is_superuser

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from nomadgpu import storage_views, views
+from nomadgpu import storage_views, token_views, views
 from nomadgpu.api import api
 
 admin.site.site_header = "NomadGPU administration"
@@ -13,6 +13,8 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("teams/<slug:slug>/", views.team_detail, name="team-detail"),
+    path("account/tokens/", token_views.tokens, name="account-tokens"),
+    path("account/tokens/<int:token_id>/revoke/", token_views.revoke, name="account-token-revoke"),
     path("", include("jobs.urls")),
     path("", include("billing.urls")),
     path("admin/", admin.site.urls),

@@ -1,0 +1,437 @@
+"""``nomadgpu``: the member API from a terminal (argparse + httpx, no Django).
+
+    nomadgpu submit job.toml [--team T] [--follow]
+    nomadgpu status [JOB]
+    nomadgpu logs JOB [-f]
+    nomadgpu cancel JOB
+    nomadgpu drill JOB [--times N]
+
+Configuration: ``--url``/``NOMADGPU_URL`` (the portal, default http://127.0.0.1:8000) and
+``--token``/``NOMADGPU_TOKEN`` (a personal API token from /account/tokens/).
+
+Exit codes: 0 done (with ``--follow``: the job succeeded); 1 the followed job failed, was
+cancelled or paused for budget (or a drill did not recover); 2 bad usage, an unreadable job file,
+or the server refused the request (validation, not found, conflict, forbidden); 3 the token was
+not accepted; 4 the server could not be reached or failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import tomllib
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+EXIT_OK, EXIT_JOB_FAILED, EXIT_REFUSED, EXIT_AUTH, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
+DEFAULT_URL = "http://127.0.0.1:8000"
+ENDED = {"succeeded": EXIT_OK, "failed": EXIT_JOB_FAILED, "cancelled": EXIT_JOB_FAILED}
+# Not terminal on the server (a raised budget lets it continue), but nothing more will happen
+# without a person: a follower stops here.
+STOPPED = {**ENDED, "paused_budget": EXIT_JOB_FAILED}
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# ---- talking to the server --------------------------------------------------------------------
+
+
+class Api:
+    def __init__(self, url: str, token: str, timeout: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        self.http = httpx.Client(
+            base_url=self.url + "/api",
+            headers={"Authorization": f"Bearer {token}", "User-Agent": "nomadgpu-cli"},
+            timeout=timeout,
+        )
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise CliError(f"cannot reach {self.url}: {exc}", EXIT_UNREACHABLE) from exc
+        if response.is_success:
+            return response.json()
+        raise CliError(describe_error(response), exit_code_for(response.status_code))
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self.call("GET", path, params={k: v for k, v in params.items() if v is not None})
+
+    def post(self, path: str, body: dict | None = None) -> Any:
+        return self.call("POST", path, json=body or {})
+
+
+def exit_code_for(status: int) -> int:
+    if status == 401:
+        return EXIT_AUTH
+    return EXIT_UNREACHABLE if status >= 500 else EXIT_REFUSED
+
+
+def describe_error(response: httpx.Response) -> str:
+    """The server's ``detail`` as text; validation errors one field per line."""
+    try:
+        detail = response.json().get("detail")
+    except ValueError:
+        detail = response.text[:500]
+    if response.status_code == 401:
+        return "the server did not accept the token (revoked? set NOMADGPU_TOKEN)"
+    if isinstance(detail, list):
+        lines = [f"  {field_name(e.get('loc', []))}: {e.get('msg', e)}" for e in detail]
+        return "the server refused the request:\n" + "\n".join(lines)
+    return f"{response.status_code}: {detail}"
+
+
+def field_name(loc: list) -> str:
+    """``["body", "payload", "requirements", "num_gpus"]`` → ``requirements.num_gpus``."""
+    parts = [str(p) for p in loc]
+    while parts and parts[0] in ("body", "payload", "query", "path"):
+        parts.pop(0)
+    return ".".join(parts) or "(request)"
+
+
+# ---- rendering --------------------------------------------------------------------------------
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = round(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def progress_bar(job: dict, width: int = 30) -> str:
+    """``[#########.........] 150/300  50%  ETA 10m00s  running`` (text only: works in logs)."""
+    step, total = job.get("step"), job.get("total_steps")
+    fraction = job.get("progress")
+    filled = round((fraction or 0) * width)
+    counts = f"{step if step is not None else '-'}/{total or '?'}"
+    percent = f"{fraction * 100:3.0f}%" if fraction is not None else "  ?%"
+    eta = f"ETA {duration(job.get('eta_s'))}" if job.get("eta_s") is not None else ""
+    bar = "#" * filled + "." * (width - filled)
+    return f"[{bar}] {counts} {percent}  {eta}  {job['state']}".rstrip()
+
+
+def event_line(event: dict) -> str:
+    moment = datetime.fromisoformat(event["created_at"]).astimezone()
+    text = f"{moment:%H:%M:%S} {event['kind']}"
+    return f"{text}: {event['message']}" if event.get("message") else text
+
+
+class Screen:
+    """Events as lines and one progress line: redrawn in place on a terminal, printed when it
+    changes otherwise (a CI log gets one line per change, not a smear of carriage returns)."""
+
+    def __init__(self, stream=None) -> None:
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty()
+        self.bar = ""
+
+    def line(self, text: str) -> None:
+        if self.tty and self.bar:
+            self.stream.write("\r\033[K")
+        self.stream.write(text + "\n")
+        if self.tty and self.bar:
+            self.stream.write(self.bar)
+        self.stream.flush()
+
+    def progress(self, bar: str) -> None:
+        if bar == self.bar:
+            return
+        self.bar = bar
+        self.stream.write(f"\r\033[K{bar}" if self.tty else bar + "\n")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.tty and self.bar:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+# ---- commands ---------------------------------------------------------------------------------
+
+
+def read_job_file(path: str) -> dict:
+    try:
+        return tomllib.loads(Path(path).read_text())
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror}", EXIT_REFUSED) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise CliError(f"{path} is not valid TOML: {exc}", EXIT_REFUSED) from exc
+
+
+def cmd_submit(api: Api, args: argparse.Namespace) -> int:
+    spec = read_job_file(args.file)
+    if args.team:
+        spec["team"] = args.team
+    job = api.post("/jobs/", spec)
+    print(f"submitted job {job['id']} ({job['name']}) to {job['team']}: {job['state']}")
+    if not args.follow:
+        return EXIT_OK
+    return follow_job(api, job["id"], poll_s=args.poll)
+
+
+def follow_job(
+    api: Api,
+    job_id: int,
+    *,
+    poll_s: float,
+    after: int = 0,
+    until: Callable[[dict], bool] | None = None,
+    screen: Screen | None = None,
+) -> int:
+    """Print JOB's events and progress until it stops (or UNTIL(event) holds); the exit code."""
+    screen = screen or Screen()
+    cursor = after
+    try:
+        while True:
+            page = api.get(f"/jobs/{job_id}/events", after=cursor)
+            for event in page["events"]:
+                screen.line(event_line(event))
+                if until and until(event):
+                    return EXIT_OK
+            cursor = page["cursor"]
+            job = api.get(f"/jobs/{job_id}")
+            screen.progress(progress_bar(job))
+            if job["state"] in STOPPED and not page["events"]:
+                code = finish(job, screen)
+                # waiting for an event that never came (a drill's recovery) is a failure
+                return EXIT_JOB_FAILED if until else code
+            time.sleep(poll_s)
+    finally:
+        screen.done()
+
+
+def finish(job: dict, screen: Screen) -> int:
+    code = STOPPED[job["state"]]
+    why = f" ({job['failure_reason']})" if job.get("failure_reason") else ""
+    screen.line(f"job {job['id']} {job['state']}{why}; spent ${job['spend_usd']:.4f}")
+    return code
+
+
+def cmd_status(api: Api, args: argparse.Namespace) -> int:
+    if args.job is None:
+        jobs = api.get("/jobs/", team=args.team, state=args.state)
+        print(
+            f"{'ID':>5}  {'TEAM':<12} {'NAME':<24} {'STATE':<13} {'STEP':>11} {'ETA':>7} "
+            f"{'SPEND $':>9}  {'GPU':<14} INT"
+        )
+        for j in jobs:
+            step = f"{j['step'] if j['step'] is not None else '-'}/{j['total_steps'] or '?'}"
+            print(
+                f"{j['id']:>5}  {j['team'][:12]:<12} {j['name'][:24]:<24} {j['state']:<13} "
+                f"{step:>11} {duration(j['eta_s']):>7} {j['spend_usd']:>9.4f}  "
+                f"{j['gpu_name'][:14]:<14} {j['interruptions']}"
+            )
+        return EXIT_OK
+    job = api.get(f"/jobs/{args.job}")
+    print_job(job)
+    return EXIT_OK
+
+
+def print_job(job: dict) -> None:
+    host = job["host"]
+    rows = [
+        ("job", f"{job['id']} {job['name']} (team {job['team']})"),
+        ("state", job["state"] + (f": {job['failure_reason']}" if job["failure_reason"] else "")),
+        ("progress", progress_bar(job)),
+        ("loss", job["loss"] if job["loss"] is not None else "-"),
+        (
+            "spend",
+            f"${job['spend_usd']:.4f}"
+            + (f" of ${job['budget_usd']} budget" if job["budget_usd"] else ""),
+        ),
+        (
+            "host",
+            "-"
+            if host is None
+            else f"{host['gpu_name']} instance {host['instance_id']} "
+            f"(attempt {host['attempt']}, {host['attempt_state']}, ${host['dph']:.3f}/h)",
+        ),
+        ("interruptions", job["interruptions"]),
+    ]
+    for name, value in rows:
+        print(f"{name:>14}: {value}")
+    for i in job["interruption_list"]:
+        back = i["running_again_at"] or "not yet"
+        print(
+            f"{'':>16}attempt {i['attempt']}: {i['cause']} detected {i['detected_at']}, "
+            f"running again {back}, resumed from step {i['resumed_step']}"
+        )
+
+
+def cmd_logs(api: Api, args: argparse.Namespace) -> int:
+    chunk = api.get(f"/jobs/{args.job}/logs")
+    print_lines(chunk)
+    if not args.follow:
+        if chunk["pending"]:
+            print(chunk["pending"])
+        return EXIT_OK
+    while chunk["state"] not in ENDED:
+        time.sleep(args.poll)
+        chunk = api.get(f"/jobs/{args.job}/logs", cursor=chunk["cursor"])
+        print_lines(chunk)
+    return EXIT_OK
+
+
+def print_lines(chunk: dict) -> None:
+    if chunk["gap"]:
+        print("[nomadgpu] … lines missed: the log tail moved on faster than it was read")
+    attempt = None
+    for line in chunk["lines"]:
+        if attempt is not None and line["attempt"] != attempt:
+            print(f"[nomadgpu] --- host of attempt {line['attempt']} ---")
+        attempt = line["attempt"]
+        print(line["text"])
+    sys.stdout.flush()
+
+
+def cmd_cancel(api: Api, args: argparse.Namespace) -> int:
+    job = api.post(f"/jobs/{args.job}/cancel")
+    print(f"job {job['id']} {job['state']}")
+    return EXIT_OK
+
+
+def cmd_drill(api: Api, args: argparse.Namespace) -> int:
+    """Destroy the job's host N times, each time waiting until it trains again elsewhere."""
+    for n in range(1, args.times + 1):
+        wait_running(api, args.job, poll_s=args.poll, timeout_s=args.timeout)
+        cursor = api.get(f"/jobs/{args.job}/events", after=0, limit=1000)["cursor"]
+        drill = api.post(f"/jobs/{args.job}/drill")
+        print(
+            f"drill {n}/{args.times}: destroyed instance {drill['instance_id']} "
+            f"(attempt {drill['attempt']}) at step {drill['step']}"
+        )
+        code = follow_job(
+            api,
+            args.job,
+            poll_s=args.poll,
+            after=cursor,
+            until=lambda e: e["kind"] == "running_again",
+        )
+        if code != EXIT_OK:
+            return code
+        print(drill_summary(api.get(f"/jobs/{args.job}"), drill))
+    return EXIT_OK
+
+
+def wait_running(api: Api, job_id: int, *, poll_s: float, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = api.get(f"/jobs/{job_id}")
+        host = job["host"]
+        if job["state"] == "running" and host and host["attempt_state"] == "running":
+            return
+        if job["state"] in STOPPED:
+            raise CliError(f"job {job_id} is {job['state']}: nothing to drill", EXIT_JOB_FAILED)
+        if time.monotonic() > deadline:
+            raise CliError(f"job {job_id} is not running ({job['state']})", EXIT_JOB_FAILED)
+        time.sleep(poll_s)
+
+
+def drill_summary(job: dict, drill: dict) -> str:
+    mine = [i for i in job["interruption_list"] if i["attempt"] == drill["attempt"]]
+    if not mine:
+        return "no interruption recorded for the destroyed host"
+    i, start = mine[0], datetime.fromisoformat(drill["destroyed_at"])
+
+    def after(moment: str | None) -> str:
+        return (
+            "-"
+            if moment is None
+            else duration((datetime.fromisoformat(moment) - start).total_seconds())
+        )
+
+    return (
+        f"detected after {after(i['detected_at'])}, replacement rented after "
+        f"{after(i['replacement_rented_at'])}, training again after "
+        f"{after(i['running_again_at'])}, resumed from step {i['resumed_step']}"
+    )
+
+
+# ---- entry point ------------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="nomadgpu",
+        description="Submit and watch NomadGPU jobs through the member API.",
+        epilog="Exit codes: 0 ok/succeeded, 1 job failed/cancelled/paused, 2 refused or bad "
+        "usage, 3 token not accepted, 4 server unreachable or failing.",
+    )
+    p.add_argument(
+        "--url",
+        default=os.environ.get("NOMADGPU_URL", DEFAULT_URL),
+        help="portal URL (env NOMADGPU_URL; default %(default)s)",
+    )
+    p.add_argument(
+        "--token",
+        default=os.environ.get("NOMADGPU_TOKEN"),
+        help="personal API token (env NOMADGPU_TOKEN)",
+    )
+    p.add_argument("--poll", type=float, default=1.0, help="seconds between polls when following")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("submit", help="submit a job file (TOML)")
+    s.add_argument("file")
+    s.add_argument("--team", help="team slug (needed when you belong to several)")
+    s.add_argument("--follow", "-f", action="store_true", help="show progress and events")
+    s.set_defaults(run=cmd_submit)
+
+    s = sub.add_parser("status", help="list jobs, or show one")
+    s.add_argument("job", nargs="?", type=int)
+    s.add_argument("--team")
+    s.add_argument("--state", help="e.g. running or running,recovering")
+    s.set_defaults(run=cmd_status)
+
+    s = sub.add_parser("logs", help="the job's log tail")
+    s.add_argument("job", type=int)
+    s.add_argument("--follow", "-f", action="store_true", help="keep printing new lines")
+    s.set_defaults(run=cmd_logs)
+
+    s = sub.add_parser("cancel", help="cancel a job (its checkpoints are kept)")
+    s.add_argument("job", type=int)
+    s.set_defaults(run=cmd_cancel)
+
+    s = sub.add_parser("drill", help="fire drill: destroy the job's host (team admins)")
+    s.add_argument("job", type=int)
+    s.add_argument("--times", type=int, default=1)
+    s.add_argument("--timeout", type=float, default=900, help="seconds to wait for running")
+    s.set_defaults(run=cmd_drill)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if not args.token:
+        print(
+            f"nomadgpu: no token: set NOMADGPU_TOKEN or pass --token (create one at "
+            f"{args.url.rstrip('/')}/account/tokens/)",
+            file=sys.stderr,
+        )
+        return EXIT_REFUSED
+    api = Api(args.url, args.token)
+    try:
+        return args.run(api, args)
+    except CliError as exc:
+        print(f"nomadgpu: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        api.http.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
