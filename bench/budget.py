@@ -16,7 +16,7 @@ Figures, one line each: figure, value, baseline, ratio.
 - ``steady``: worst overshoot at a constant burn (GPU and storage).
 - ``jump``: the limit crossed by a traffic burst the counters report at once (15 GB pulled
   on a $0.044/GB host): what is spent AFTER the crossing is seen (the burst itself cannot be
-  undone); the grace for the checkpoint is the price of keeping the progress.
+  undone); a crossed limit is released in the pass that sees it.
 - ``unused``: the most budget left unspent because the checkpoint was asked ahead (the other
   side of the trade).
 """

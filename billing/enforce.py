@@ -9,8 +9,8 @@ affected jobs. A job is stopped in two steps:
 1. ``start_pause``: when the limit is reached, or will be within one checkpoint grace plus one
    interval at the current burn rate, the agent is asked for a checkpoint (``checkpoint_now``)
    and a ``BudgetPause`` opens with a deadline: the grace, cut short to one interval before
-   the projected crossing. Asking ahead is what keeps the overshoot small: by the time the
-   money runs out the checkpoint is usually uploaded.
+   the projected crossing (at once when the limit is already crossed). Asking ahead is what
+   keeps the overshoot small: by the time the money runs out the checkpoint is usually uploaded.
 2. ``finish_pauses``: once a checkpoint newer than the pause is ready, or the deadline passes,
    the machine is released through ``jobs.losses.release_job`` and the job is paused_budget
    with an event naming the limit. A started job without a training host (renting,
@@ -98,10 +98,11 @@ def seconds_to_limit(status: LimitStatus) -> float:
 
 def pause_deadline(status: LimitStatus, *, now: datetime) -> datetime:
     """When the machine is released at the latest: after the grace, or one interval before the
-    projected crossing if that is sooner; a limit already crossed still gets the grace (the
-    checkpoint keeps the progress)."""
+    projected crossing if that is sooner. A limit already crossed (a traffic burst jumped past
+    it, typically a model download at start, before any checkpoint) is released in the same
+    pass: the limit is hard, and the job resumes from its newest ready checkpoint."""
     to_limit = seconds_to_limit(status)
-    wait = grace_s() if to_limit <= 0 else min(grace_s(), max(to_limit - interval_s(), 0.0))
+    wait = 0.0 if to_limit <= 0 else min(grace_s(), max(to_limit - interval_s(), 0.0))
     return now + timedelta(seconds=wait)
 
 

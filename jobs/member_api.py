@@ -21,6 +21,7 @@ from ninja.errors import HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 from ninja.security import HttpBearer, django_auth
 
+from billing.services import BudgetExceeded
 from billing.spend import job_spend
 from hosts.vast import VastError
 from jobs import job_status, losses, services
@@ -239,7 +240,10 @@ def submit(request: HttpRequest, payload: SubmitIn):
     team = choose_submit_team(request.auth, payload.team)
     spec = JobSpec.model_validate(payload.model_dump(exclude={"team"}))
     now = timezone.now()
-    job = submit_spec(spec, team=team, created_by=request.auth, now=now)
+    try:
+        job = submit_spec(spec, team=team, created_by=request.auth, now=now)
+    except BudgetExceeded as exc:  # nothing was created; the message carries the numbers
+        raise HttpError(409, str(exc)) from exc
     return Status(201, job_detail_out(_job_or_404(request, job.pk), now=now))
 
 

@@ -6,7 +6,6 @@ same templates (``page.html#fragment``), polled every few seconds while the job 
 from __future__ import annotations
 
 import base64
-import importlib
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -17,6 +16,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 from django_htmx.http import HttpResponseClientRedirect
 
+from billing.services import BudgetExceeded
 from jobs import portal, services
 from jobs.forms import JobForm, spec_to_initial
 from jobs.losses import cancel_job
@@ -71,19 +71,6 @@ def job_list(request: HttpRequest) -> HttpResponse:
 # --- Submit -----------------------------------------------------------------------------------
 
 
-def _budget_refusals() -> tuple[type[Exception], ...]:
-    """The budgets helper's "would cross a limit" exception(s), when that code is installed."""
-    found = []
-    for module in ("billing.budgets", "billing.services"):
-        try:
-            exc = getattr(importlib.import_module(module), "BudgetExceeded", None)
-        except ImportError:
-            continue
-        if isinstance(exc, type) and issubclass(exc, Exception):
-            found.append(exc)
-    return tuple(found)
-
-
 @login_required
 @require_http_methods(["GET", "POST"])
 def job_new(request: HttpRequest) -> HttpResponse:
@@ -122,12 +109,11 @@ def job_new(request: HttpRequest) -> HttpResponse:
 
 
 def _submit(request: HttpRequest, form: JobForm, team) -> Job | None:
-    refusals = _budget_refusals()
     try:
         job = submit_spec(
             form.cleaned_data["spec"], team=team, created_by=request.user, now=timezone.now()
         )
-    except refusals as exc:  # an empty tuple catches nothing
+    except BudgetExceeded as exc:
         form.add_error(None, str(exc))
         return None
     messages.success(request, f"Job {job.name} submitted.")

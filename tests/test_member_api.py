@@ -167,6 +167,14 @@ def test_a_member_of_two_teams_must_say_which(client, cast):
     assert Job.objects.get().team == cast.team_b
 
 
+def test_a_job_whose_estimate_crosses_its_budget_is_refused_with_409(client, cast):
+    response = post(client, "/api/jobs/", {**SPEC, "budget_usd": "0.01"}, **bearer(cast.member))
+
+    assert response.status_code == 409
+    assert "job limit $0.01" in response.json()["detail"]
+    assert not Job.objects.exists()
+
+
 def test_submitting_to_a_team_one_is_not_in_is_404(client, cast):
     response = post(client, "/api/jobs/", {**SPEC, "team": "team-b"}, **bearer(cast.member))
 
