@@ -201,6 +201,12 @@ WATCHDOG_INTERVAL_S = envfloat("WATCHDOG_INTERVAL_S", 5.0)
 PROVIDER_POLL_INTERVAL_S = envfloat("PROVIDER_POLL_INTERVAL_S", 10.0)
 # How often the notification outbox is swept for due (retried) deliveries.
 NOTIFY_INTERVAL_S = envfloat("NOTIFY_INTERVAL_S", 5.0)
+# Invoices: how often charges and payments are imported from Vast, how far back the first
+# import reaches, and when a difference between billed and recorded is flagged.
+INVOICE_SYNC_INTERVAL_S = envfloat("INVOICE_SYNC_INTERVAL_S", 3600.0)
+INVOICE_LOOKBACK_DAYS = envint("INVOICE_LOOKBACK_DAYS", 30)
+INVOICE_TOLERANCE_PCT = envfloat("INVOICE_TOLERANCE_PCT", 2.0)
+INVOICE_TOLERANCE_USD = envfloat("INVOICE_TOLERANCE_USD", 0.01)
 CELERY_BEAT_SCHEDULE = {
     "watchdog-tick": {
         "task": "jobs.tasks.watchdog_tick",
@@ -213,6 +219,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "notify.tasks.deliver_due",
         "schedule": timedelta(seconds=NOTIFY_INTERVAL_S),
         "options": {"expires": NOTIFY_INTERVAL_S * 0.9},
+    },
+    "billing-sync-invoices": {
+        "task": "billing.tasks.sync_invoices",
+        "schedule": timedelta(seconds=INVOICE_SYNC_INTERVAL_S),
+        "options": {"expires": INVOICE_SYNC_INTERVAL_S * 0.9},
     },
 }
 
