@@ -205,7 +205,9 @@ def sync_team(team, *, now: datetime, client: vast.VastClient | None = None) -> 
     try:
         for day in days_to_import(sync, earliest=earliest_day(team, now=now), now=now):
             lo, hi = day_window(day)
-            charges = client.charges(lo, min(hi, now))
+            # The whole day even when it is today: Vast (and the sandbox) bill open usage up
+            # to their own clock, and a bound cut at our whole second would drop the last one.
+            charges = client.charges(lo, hi)
             with transaction.atomic():
                 result.items += store_charges(
                     team, (record_from_api(c, day) for c in charges), origin="api", now=now
