@@ -94,9 +94,12 @@ def test_filters_swap_only_the_job_table_with_htmx(client, cast, ledger):
 
     assert flagged.lstrip().startswith('<div id="job-table">')
     assert "<html" not in flagged
-    assert "qwen-qlora" in flagged and "tiny-matched" not in flagged
-    assert "tiny-matched" in matched and "qwen-qlora" not in matched
-    assert "tiny-matched" in by_name and "qwen-qlora" not in by_name
+    assert "qwen-qlora" in flagged
+    assert "tiny-matched" not in flagged
+    assert "tiny-matched" in matched
+    assert "qwen-qlora" not in matched
+    assert "tiny-matched" in by_name
+    assert "qwen-qlora" not in by_name
 
 
 def test_the_drill_down_shows_charges_items_and_the_cost_basis(client, cast, ledger):
@@ -204,3 +207,26 @@ def test_a_period_without_the_job_shows_none(client, cast, ledger):
 
     assert "qwen-qlora" not in body
     assert "No jobs rented in this period" in body
+
+
+def test_the_admin_lists_only_the_own_teams_ledger_read_only(client, cast, ledger):
+    from django.urls import reverse
+
+    from billing.models import Charge as ChargeModel
+
+    other = JobFactory(team=cast.team_b)
+    theirs, _ = make_attempt(other, state="ended", instance_id=777, rented_at=timezone.now())
+    bill(theirs, ("gpu", "1.000 hours at $1.000/hour", "1.000"))
+    client.force_login(cast.admin)
+
+    listing = client.get(reverse("admin:billing_charge_changelist")).content.decode()
+    theirs_page = client.get(
+        reverse("admin:billing_charge_change", args=[ChargeModel.objects.get(instance_id=777).pk])
+    )
+    flags = client.get(reverse("admin:billing_discrepancyflag_changelist"))
+
+    assert "instance-555" in listing
+    assert "instance-777" not in listing
+    assert theirs_page.status_code == 404
+    assert flags.status_code == 200
+    assert client.get(reverse("admin:billing_charge_add")).status_code == 403

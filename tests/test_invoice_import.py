@@ -185,3 +185,23 @@ def test_a_csv_without_the_columns_is_rejected_on_line_1():
 
     assert rejected.value.errors[0][0] == 1
     assert "missing columns" in rejected.value.errors[0][1]
+
+
+@pytest.mark.django_db
+def test_the_periodic_task_imports_matches_and_flags(vast_billing: FakeVastBilling, settings):
+    from billing.models import DiscrepancyFlag
+    from billing.tasks import sync_team_invoices
+
+    today = datetime.now(UTC).date()
+    vast_billing.charges = [charge(1, today, gpu_h=1), charge(2, today, gpu_h=1)]
+    team = team_on(vast_billing)
+    midnight = datetime(today.year, today.month, today.day, tzinfo=UTC)
+    team.jobs.get().attempts.update(rented_at=midnight, ended_at=midnight + timedelta(hours=3))
+
+    result = sync_team_invoices(team.pk)
+
+    assert result["charges"] == 2
+    assert result["matched"] == 1  # instance 1 is our attempt; instance 2 is not ours
+    assert DiscrepancyFlag.objects.filter(team=team, charge__source="instance-2").exists()
+    schedule = settings.CELERY_BEAT_SCHEDULE["billing-sync-invoices"]
+    assert schedule["task"] == "billing.tasks.sync_invoices"

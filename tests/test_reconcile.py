@@ -36,7 +36,10 @@ def field_report_attempt(team, *, instance_id=101, bytes_down=0, **over):
     return attempt
 
 
-def bill(attempt, *items: tuple[str, str, str], day: date = T0.date()) -> Charge:
+DAY0 = T0.date()
+
+
+def bill(attempt, *items: tuple[str, str, str], day: date = DAY0) -> Charge:
     charge = Charge.objects.create(
         team=attempt.job.team,
         source=f"instance-{attempt.instance_id}",
@@ -179,7 +182,8 @@ def test_charges_are_matched_by_instance_id_and_time_only():
 
     ours.refresh_from_db(), later.refresh_from_db(), stranger.refresh_from_db()
     assert ours.attempt_id == attempt.pk
-    assert later.attempt_id is None and stranger.attempt_id is None
+    assert later.attempt_id is None
+    assert stranger.attempt_id is None
 
 
 @pytest.mark.django_db

@@ -13,7 +13,7 @@ register = template.Library()
 def usd(value) -> str:
     """$1.23, -$0.05; four decimals under a dollar (sandbox and short runs bill cents)."""
     if value is None:
-        return "–"
+        return "-"
     amount = float(value)
     digits = 2 if abs(amount) >= 1 else 4
     return f"{'-' if amount < 0 else ''}${abs(amount):,.{digits}f}"
@@ -27,7 +27,7 @@ def signed_usd(value) -> str:
 
 @register.filter
 def pct(value) -> str:
-    return "–" if value is None else f"{float(value):+.1f} %"
+    return "-" if value is None else f"{float(value):+.1f} %"
 
 
 @register.filter
@@ -37,4 +37,4 @@ def status_label(value: str) -> str:
 
 @register.filter
 def qty(value) -> str:
-    return "–" if value is None else f"{float(value):.3f}"
+    return "-" if value is None else f"{float(value):.3f}"
