@@ -610,6 +610,17 @@ def flag_discrepancies(team, *, now: datetime, tolerance: Tolerance | None = Non
         row = reconcile_attempt(attempt, now=now, tolerance=tolerance, covered=covered)
         if row.flagged:
             created += _flag_attempt(team, row, now=now)
+        elif row.status == Status.MATCHED:
+            close_open_flags(
+                DiscrepancyFlag.objects.filter(attempt=attempt),
+                note="matches the invoice after a later import",
+                now=now,
+            )
+    close_open_flags(
+        DiscrepancyFlag.objects.filter(team=team, charge__attempt__isnull=False),
+        note="the charge was matched to an attempt after a later import",
+        now=now,
+    )
     for charge in Charge.objects.filter(team=team, attempt__isnull=True, day__gte=since.date()):
         _, new = DiscrepancyFlag.objects.get_or_create(
             charge=charge,
@@ -661,6 +672,15 @@ def _flag_attempt(team, row: AttemptReconciliation, *, now: datetime) -> int:
             reason=row.reason,
         )
     return 1
+
+
+def close_open_flags(flags, *, note: str, now: datetime) -> int:
+    """Close FLAGS that are still open because the numbers now agree (no reviewer)."""
+    from billing.models import FlagStatus
+
+    return flags.filter(status=FlagStatus.OPEN).update(
+        status=FlagStatus.REVIEWED, note=note, reviewed_at=now, updated_at=now
+    )
 
 
 def mark_reviewed(flag: DiscrepancyFlag, *, user, note: str, now: datetime) -> bool:

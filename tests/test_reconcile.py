@@ -225,3 +225,30 @@ def test_a_job_shows_its_savings_from_its_attempts_hours():
 
     assert row.savings.cost == pytest.approx(0.19)
     assert row.savings.reference_usd == pytest.approx(1.80, abs=0.01)
+
+
+@pytest.mark.django_db
+def test_a_flag_closes_itself_when_a_corrected_invoice_matches():
+    from billing.models import DiscrepancyFlag, FlagStatus
+
+    attempt = field_report_attempt(TeamFactory())
+    team = attempt.job.team
+    InvoiceSync.objects.create(team=team, synced_until=T0 + timedelta(days=1))
+    charge = bill(attempt, ("gpu", "0.440 hours at $0.400/hour", "0.176"))
+    now = T0 + timedelta(days=2)
+    assert reconcile.flag_discrepancies(team, now=now) == 1
+
+    item = charge.items.get()
+    item.description, item.amount, item.quantity = (
+        "0.340 hours at $0.400/hour",
+        Decimal("0.136"),
+        Decimal("0.34"),
+    )
+    item.save()
+    assert reconcile.flag_discrepancies(team, now=now) == 0
+
+    flag = DiscrepancyFlag.objects.get(attempt=attempt)
+    assert flag.status == FlagStatus.REVIEWED
+    assert flag.reviewed_by is None
+    assert "matches the invoice" in flag.note
+    assert attempt.job.events.filter(kind="invoice_discrepancy").count() == 1

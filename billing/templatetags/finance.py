@@ -16,18 +16,20 @@ def usd(value) -> str:
         return "-"
     amount = float(value)
     digits = 2 if abs(amount) >= 1 else 4
+    amount = round(amount, digits) or 0.0  # no "-$0.0000"
     return f"{'-' if amount < 0 else ''}${abs(amount):,.{digits}f}"
 
 
 @register.filter
 def signed_usd(value) -> str:
-    amount = float(value or 0)
-    return ("+" if amount > 0 else "") + usd(amount)
+    text = usd(float(value or 0))
+    return text if text.startswith("-") or not text.strip("$0.,") else "+" + text
 
 
 @register.filter
 def pct(value) -> str:
-    return "-" if value is None else f"{float(value):+.1f} %"
+    """(+3.2 %) after a difference; nothing when there is no recorded amount to divide by."""
+    return "" if value is None else f" ({float(value):+.1f} %)"
 
 
 @register.filter
