@@ -201,13 +201,14 @@ def sync_team(team, *, now: datetime, client: vast.VastClient | None = None) -> 
     sync, _ = InvoiceSync.objects.get_or_create(team=team)
     own_client = client is None
     client = client or vast.VastClient.from_settings(team)
+    belongs = charge_filter(team)
     result = ImportResult()
     try:
         for day in days_to_import(sync, earliest=earliest_day(team, now=now), now=now):
             lo, hi = day_window(day)
             # The whole day even when it is today: Vast (and the sandbox) bill open usage up
             # to their own clock, and a bound cut at our whole second would drop the last one.
-            charges = client.charges(lo, hi)
+            charges = [c for c in client.charges(lo, hi) if belongs(c)]
             with transaction.atomic():
                 result.items += store_charges(
                     team, (record_from_api(c, day) for c in charges), origin="api", now=now
@@ -227,6 +228,25 @@ def sync_team(team, *, now: datetime, client: vast.VastClient | None = None) -> 
     InvoiceSync.objects.filter(pk=sync.pk).update(last_run_at=now, synced_until=now, last_error="")
     result.matched = match_charges(team, now=now)
     return result
+
+
+def charge_filter(team):
+    """Which of the account's charges are TEAM's.
+
+    A team with its own Vast key owns its account: every charge is its own, and one with no
+    attempt is an unmatched charge. Teams on the server's shared key (``VAST_API_KEY``) see
+    only charges for their own attempts' instances; orphans on the shared account belong to
+    no team (the orphan reaper destroys them; the server admin sees them at Vast)."""
+    if team.vast_api_key:
+        return lambda charge: True
+    from jobs.models import Attempt
+
+    mine = set(
+        Attempt.objects.filter(job__team=team, instance_id__isnull=False).values_list(
+            "instance_id", flat=True
+        )
+    )
+    return lambda charge: charge.instance_id in mine
 
 
 def sync_start(sync: InvoiceSync, now: datetime) -> datetime:

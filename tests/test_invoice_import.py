@@ -205,3 +205,22 @@ def test_the_periodic_task_imports_matches_and_flags(vast_billing: FakeVastBilli
     assert DiscrepancyFlag.objects.filter(team=team, charge__source="instance-2").exists()
     schedule = settings.CELERY_BEAT_SCHEDULE["billing-sync-invoices"]
     assert schedule["task"] == "billing.tasks.sync_invoices"
+
+
+@pytest.mark.django_db
+def test_teams_on_the_shared_server_key_import_only_their_own_instances(
+    vast_billing: FakeVastBilling, settings
+):
+    settings.VAST_URL, settings.VAST_API_KEY = vast_billing.url, "server-key"
+    vast_billing.charges = [charge(n, DAY1, gpu_h=1) for n in (1, 2, 3)]
+    rented = datetime(2026, 3, 1, 0, 30, tzinfo=UTC)
+    teams = []
+    for n, slug in ((1, "one"), (2, "two")):
+        team = TeamFactory(slug=slug)  # no key of its own: the server's account
+        make_attempt(JobFactory(team=team), state="ended", instance_id=n, rented_at=rented)
+        invoices.sync_team(team, now=NOW)
+        teams.append(team)
+
+    assert [c.source for c in Charge.objects.filter(team=teams[0])] == ["instance-1"]
+    assert [c.source for c in Charge.objects.filter(team=teams[1])] == ["instance-2"]
+    assert not Charge.objects.filter(source="instance-3").exists()  # nobody's

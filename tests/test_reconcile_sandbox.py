@@ -57,10 +57,10 @@ def end(sandbox: Sandbox, attempt) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_reconciliation_flags_exactly_the_overcharge_the_traffic_and_the_outsider(
-    sandbox: Sandbox, settings
+    sandbox: Sandbox,
 ):
-    settings.VAST_URL = sandbox.url
-    team = TeamFactory(slug="recon")
+    # The team's own account: every charge on it is the team's, so an outside rental shows.
+    team = TeamFactory(slug="recon", vast_url=sandbox.url, vast_api_key="sandbox-key")
     clean, over, traffic = (
         rent_as_nomadgpu(sandbox, team, a) for a in (CLEAN, OVERCHARGED, TRAFFIC)
     )
