@@ -14,7 +14,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("teams/<slug:slug>/", views.team_detail, name="team-detail"),
     path("", include("jobs.urls")),
-    path("finance/", include("billing.urls")),
+    path("finance/", include("billing.finance_urls")),
     path("admin/", admin.site.urls),
     path("api/", api.urls),
     path("storage/<path:key>", storage_views.local_object, name="local-object"),
