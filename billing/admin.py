@@ -2,7 +2,16 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from billing.models import BudgetPause, BudgetWarning, TeamBudget
+from billing.models import (
+    BudgetPause,
+    BudgetWarning,
+    Charge,
+    ChargeItem,
+    DiscrepancyFlag,
+    InvoiceSync,
+    Payment,
+    TeamBudget,
+)
 from nomadgpu.admin_scoping import TeamScopedAdmin
 
 
@@ -43,3 +52,56 @@ class BudgetPauseAdmin(TeamScopedAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
+
+
+
+# --- Invoices -------------------------------------------------------------------------------
+# Imported ledger rows are read-only here: they change only by re-importing (API or CSV), so
+# the admin can never make the invoice disagree with Vast. Finance reviews flags in /finance/.
+
+
+class ReadOnlyAdmin(TeamScopedAdmin):
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+class ChargeItemInline(admin.TabularInline):
+    model = ChargeItem
+    extra = 0
+    can_delete = False
+    fields = ("type", "description", "quantity", "unit", "rate", "rate_unit", "amount")
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Charge)
+class ChargeAdmin(ReadOnlyAdmin):
+    list_display = ("day", "source", "team", "amount", "attempt", "origin", "imported_at")
+    list_filter = ("origin", "type", "day")
+    search_fields = ("source", "label", "description")
+    date_hierarchy = "day"
+    inlines = [ChargeItemInline]
+
+
+@admin.register(Payment)
+class PaymentAdmin(ReadOnlyAdmin):
+    list_display = ("created_at", "team", "type", "service", "amount", "invoice_id")
+    list_filter = ("type", "service")
+    search_fields = ("invoice_id", "description", "source")
+
+
+@admin.register(InvoiceSync)
+class InvoiceSyncAdmin(ReadOnlyAdmin):
+    list_display = ("team", "charges_complete_through", "synced_until", "last_run_at", "last_error")
+
+
+@admin.register(DiscrepancyFlag)
+class DiscrepancyFlagAdmin(ReadOnlyAdmin):
+    list_display = ("created_at", "team", "kind", "recorded_usd", "billed_usd", "reason", "status")
+    list_filter = ("kind", "status")
+    search_fields = ("reason", "note")

@@ -205,6 +205,12 @@ NOTIFY_INTERVAL_S = envfloat("NOTIFY_INTERVAL_S", 5.0)
 # its machine is destroyed anyway, and the $/h per GPU of the pre-flight's reference host.
 BUDGET_CHECKPOINT_GRACE_S = envfloat("BUDGET_CHECKPOINT_GRACE_S", 120.0)
 BUDGET_ESTIMATE_DPH = envfloat("BUDGET_ESTIMATE_DPH", 0.40)
+# Invoices: how often charges and payments are imported from Vast, how far back the first
+# import reaches, and when a difference between billed and recorded is flagged.
+INVOICE_SYNC_INTERVAL_S = envfloat("INVOICE_SYNC_INTERVAL_S", 3600.0)
+INVOICE_LOOKBACK_DAYS = envint("INVOICE_LOOKBACK_DAYS", 30)
+INVOICE_TOLERANCE_PCT = envfloat("INVOICE_TOLERANCE_PCT", 2.0)
+INVOICE_TOLERANCE_USD = envfloat("INVOICE_TOLERANCE_USD", 0.01)
 CELERY_BEAT_SCHEDULE = {
     "watchdog-tick": {
         "task": "jobs.tasks.watchdog_tick",
@@ -223,6 +229,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "notify.tasks.deliver_due",
         "schedule": timedelta(seconds=NOTIFY_INTERVAL_S),
         "options": {"expires": NOTIFY_INTERVAL_S * 0.9},
+    },
+    "billing-sync-invoices": {
+        "task": "billing.tasks.sync_invoices",
+        "schedule": timedelta(seconds=INVOICE_SYNC_INTERVAL_S),
+        "options": {"expires": INVOICE_SYNC_INTERVAL_S * 0.9},
     },
 }
 

@@ -17,6 +17,7 @@ urlpatterns = [
     path("account/tokens/<int:token_id>/revoke/", token_views.revoke, name="account-token-revoke"),
     path("", include("jobs.urls")),
     path("", include("billing.urls")),
+    path("finance/", include("billing.finance_urls")),
     path("admin/", admin.site.urls),
     path("api/", api.urls),
     path("status/", include("statuspage.urls")),

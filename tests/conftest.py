@@ -17,7 +17,12 @@ os.environ.setdefault("FIELD_ENCRYPTION_KEY", TEST_FIELD_KEY)
 if not settings.FIELD_ENCRYPTION_KEYS:
     settings.FIELD_ENCRYPTION_KEYS = [os.environ["FIELD_ENCRYPTION_KEY"]]
 
-pytest_plugins = ["tests.processes", "tests.s3_support", "tests.sandbox_support"]
+pytest_plugins = [
+    "tests.processes",
+    "tests.s3_support",
+    "tests.sandbox_support",
+    "tests.vast_billing_fake",
+]
 
 
 @dataclass

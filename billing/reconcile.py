@@ -1,0 +1,694 @@
+"""Reconciliation: what Vast billed against what NomadGPU recorded, and the savings.
+
+"Recorded" is ``billing.spend.attempt_spend`` (rates copied at rent, the attempt's own
+timestamps and the agent's byte counters). "Billed" is the sum of the imported charges matched
+to the attempt. They are compared per component — GPU, storage, download, upload, the charge
+items ``gpu``, ``disk``, ``bwd``, ``bwu`` — and in total.
+
+Statuses (``Status``): matched (every component and the total within the tolerance: 2 % of
+the recorded amount or $0.01, whichever is larger), over-billed, under-billed, unmatched
+charge (no attempt: an orphan or a rental made outside NomadGPU), unbilled usage (recorded
+usage, no charge at all), and pending (the attempt is live, or ended after the last import:
+its invoice is not complete yet, so it is neither compared nor flagged).
+
+Periods: an attempt belongs to the UTC day it was rented on, with all its charges; a charge
+without an attempt belongs to its own day.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max, Prefetch
+from django.utils import timezone
+
+from billing.models import Charge, ChargeItem, DiscrepancyFlag, InvoiceSync
+from billing.spend import GB, attempt_spend
+
+# A charge belongs to an attempt whose rental it overlaps; this much slack absorbs clock
+# skew between Vast's usage records and ours.
+MATCH_SLACK = timedelta(hours=1)
+COMPONENTS = (  # (name in Spend, charge item type, unit of the quantities)
+    ("gpu", "gpu", "h"),
+    ("storage", "disk", "GB-h"),
+    ("download", "bwd", "GB"),
+    ("upload", "bwu", "GB"),
+)
+
+
+class Status:
+    MATCHED = "matched"
+    OVER_BILLED = "over_billed"
+    UNDER_BILLED = "under_billed"
+    UNMATCHED_CHARGE = "unmatched_charge"
+    UNBILLED_USAGE = "unbilled_usage"
+    PENDING = "pending"
+
+    LABELS = {
+        MATCHED: "matched",
+        OVER_BILLED: "over-billed",
+        UNDER_BILLED: "under-billed",
+        UNMATCHED_CHARGE: "unmatched charge",
+        UNBILLED_USAGE: "unbilled usage",
+        PENDING: "pending",
+    }
+    FLAGGED = frozenset({OVER_BILLED, UNDER_BILLED, UNMATCHED_CHARGE, UNBILLED_USAGE})
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    pct: float = 2.0
+    usd: float = 0.01
+
+    @classmethod
+    def from_settings(cls) -> Tolerance:
+        return cls(pct=settings.INVOICE_TOLERANCE_PCT, usd=settings.INVOICE_TOLERANCE_USD)
+
+    def allows(self, recorded: float, billed: float) -> bool:
+        """Whether BILLED is close enough to RECORDED: within pct % of it, or within usd."""
+        return abs(billed - recorded) <= max(abs(recorded) * self.pct / 100.0, self.usd) + 1e-9
+
+
+def difference_status(recorded: float, billed: float, tolerance: Tolerance) -> str:
+    """Matched, over-billed or under-billed, for one amount or a total."""
+    if tolerance.allows(recorded, billed):
+        return Status.MATCHED
+    return Status.OVER_BILLED if billed > recorded else Status.UNDER_BILLED
+
+
+def percent(diff: float, recorded: float) -> float | None:
+    return diff / recorded * 100.0 if recorded else None
+
+
+@dataclass(frozen=True)
+class Component:
+    """One billing component of one attempt (or a sum of them)."""
+
+    name: str
+    recorded: float
+    billed: float
+    recorded_qty: float
+    billed_qty: float | None
+    unit: str
+    billed_rate: float | None = None
+    recorded_rate: float | None = None
+    status: str = Status.MATCHED
+
+    @property
+    def diff(self) -> float:
+        return self.billed - self.recorded
+
+    @property
+    def pct(self) -> float | None:
+        return percent(self.diff, self.recorded)
+
+
+@dataclass(frozen=True)
+class AttemptReconciliation:
+    attempt: object
+    components: tuple[Component, ...]
+    charges: tuple[Charge, ...]
+    status: str
+    reason: str
+
+    @property
+    def recorded(self) -> float:
+        return sum(c.recorded for c in self.components)
+
+    @property
+    def billed(self) -> float:
+        return sum(c.billed for c in self.components)
+
+    @property
+    def diff(self) -> float:
+        return self.billed - self.recorded
+
+    @property
+    def pct(self) -> float | None:
+        return percent(self.diff, self.recorded)
+
+    @property
+    def flagged(self) -> bool:
+        return self.status in Status.FLAGGED
+
+
+# --- matching -------------------------------------------------------------------------------
+
+
+def overlaps(charge: Charge, attempt, *, now: datetime) -> bool:
+    """Whether CHARGE's usage window falls in ATTEMPT's rental (with ``MATCH_SLACK``)."""
+    if attempt.rented_at is None:
+        return False
+    begin = attempt.rented_at - MATCH_SLACK
+    end = (attempt.ended_at or now) + MATCH_SLACK
+    lo = charge.start or datetime.combine(charge.day, time.min, tzinfo=UTC)
+    hi = charge.end or lo + timedelta(days=1)
+    return lo <= end and hi >= begin
+
+
+def match_charges(team, *, now: datetime) -> int:
+    """Link TEAM's unmatched charges to attempts by instance id (``source`` "instance-<id>")
+    and time; returns how many were linked. Charges that stay unmatched are orphans or
+    rentals made outside NomadGPU."""
+    from jobs.models import Attempt
+
+    pending = Charge.objects.filter(team=team, attempt__isnull=True, instance_id__isnull=False)
+    attempts = {
+        a.instance_id: a
+        for a in Attempt.objects.filter(
+            job__team=team, instance_id__in=pending.values("instance_id")
+        )
+    }
+    linked = 0
+    for charge in pending:
+        attempt = attempts.get(charge.instance_id)
+        if attempt is not None and overlaps(charge, attempt, now=now):
+            linked += Charge.objects.filter(pk=charge.pk, attempt__isnull=True).update(
+                attempt=attempt
+            )
+    return linked
+
+
+# --- one attempt ----------------------------------------------------------------------------
+
+
+def covered_until(team) -> datetime | None:
+    """Usage before this moment is on the imported invoice (last sync, or latest charge)."""
+    sync = InvoiceSync.objects.filter(team=team).values_list("synced_until", flat=True).first()
+    latest = Charge.objects.filter(team=team).aggregate(m=Max("end"))["m"]
+    known = [m for m in (sync, latest) if m is not None]
+    return max(known) if known else None
+
+
+def recorded_quantities(attempt, *, now: datetime) -> dict[str, tuple[float, float]]:
+    """Per component: (quantity in its unit, rate per unit) as NomadGPU recorded them."""
+    end = min(attempt.ended_at, now) if attempt.ended_at else now
+
+    def hours(start):
+        return max((end - start).total_seconds() / 3600.0, 0.0) if start else 0.0
+
+    return {
+        "gpu": (hours(attempt.registered_at), attempt.dph_base),
+        "storage": (attempt.disk_gb * hours(attempt.rented_at), attempt.storage_usd_per_gb_hour),
+        "download": (attempt.bytes_down / GB, attempt.download_usd_per_gb),
+        "upload": (attempt.bytes_up / GB, attempt.upload_usd_per_gb),
+    }
+
+
+def billed_items(charges) -> dict[str, list[ChargeItem]]:
+    out: dict[str, list[ChargeItem]] = {}
+    for charge in charges:
+        for item in charge.items.all():
+            out.setdefault(item.type, []).append(item)
+    return out
+
+
+def compare_components(
+    attempt, charges, *, now: datetime, tolerance: Tolerance
+) -> tuple[Component, ...]:
+    """Recorded vs billed for GPU, storage, download and upload of ATTEMPT."""
+    spend = attempt_spend(attempt, now=now)
+    quantities = recorded_quantities(attempt, now=now)
+    items = billed_items(charges)
+    out = []
+    for name, item_type, unit in COMPONENTS:
+        mine = items.get(item_type, [])
+        billed = float(sum((i.amount for i in mine), Decimal(0)))
+        qty = [i.quantity for i in mine if i.quantity is not None]
+        rates = [i.rate for i in mine if i.rate is not None]
+        recorded = getattr(spend, name)
+        out.append(
+            Component(
+                name=name,
+                recorded=recorded,
+                billed=billed,
+                recorded_qty=quantities[name][0],
+                billed_qty=float(sum(qty)) if len(qty) == len(mine) and mine else None,
+                unit=unit,
+                billed_rate=float(rates[0]) if rates else None,
+                recorded_rate=quantities[name][1],
+                status=difference_status(recorded, billed, tolerance),
+            )
+        )
+    return tuple(out)
+
+
+def attempt_status(
+    attempt, components, charges, *, covered: datetime | None, tolerance: Tolerance
+) -> str:
+    """The reconciliation status of one attempt (see the module docstring)."""
+    if attempt.ended_at is None or covered is None or attempt.ended_at > covered:
+        return Status.PENDING
+    recorded = sum(c.recorded for c in components)
+    billed = sum(c.billed for c in components)
+    if not charges:
+        return Status.MATCHED if tolerance.allows(recorded, 0.0) else Status.UNBILLED_USAGE
+    total = difference_status(recorded, billed, tolerance)
+    if total != Status.MATCHED:
+        return total
+    if all(c.status == Status.MATCHED for c in components):
+        return Status.MATCHED
+    return Status.OVER_BILLED if billed >= recorded else Status.UNDER_BILLED
+
+
+def explain(attempt, components, charges) -> str:
+    """A short reason for the largest difference: traffic, start-up billed while loading,
+    storage after stop, a different rate, or more/less time billed than used."""
+    if not charges:
+        return "no charge for this instance on the imported invoice"
+    worst = max(components, key=lambda c: abs(c.diff))
+    if abs(worst.diff) < 0.005:
+        return ""
+    more = worst.diff > 0
+    if rate_differs(worst):
+        return (
+            f"rate differs: {worst.billed_rate:.6g} billed vs "
+            f"{worst.recorded_rate:.6g} recorded per {worst.unit}"
+        )
+    billed_qty = f"{worst.billed_qty:.3f}" if worst.billed_qty is not None else "?"
+    if worst.name in ("download", "upload"):
+        return (
+            f"traffic: {billed_qty} GB {worst.name} billed vs {worst.recorded_qty:.3f} GB recorded"
+        )
+    if worst.name == "gpu":
+        rented_h = _rented_hours(attempt)
+        if more and worst.billed_qty is not None and worst.billed_qty > rented_h * 1.01:
+            return (
+                f"GPU hours billed beyond the rental: {billed_qty} h billed, "
+                f"{rented_h:.3f} h rented"
+            )
+        if more:
+            return (
+                f"start-up billed while loading: {billed_qty} GPU h billed vs "
+                f"{worst.recorded_qty:.3f} h after the agent registered"
+            )
+        return f"less GPU time billed than recorded: {billed_qty} h vs {worst.recorded_qty:.3f} h"
+    last_end = max((c.end for c in charges if c.end), default=None)
+    if (
+        more
+        and attempt.ended_at
+        and last_end
+        and last_end > attempt.ended_at + timedelta(minutes=1)
+    ):
+        return f"storage after stop: billed until {last_end:%Y-%m-%d %H:%M} UTC"
+    return f"storage: {billed_qty} GB-h billed vs {worst.recorded_qty:.3f} GB-h recorded"
+
+
+def rate_differs(component: Component) -> bool:
+    """Whether Vast billed another rate than the one copied at rent (by more than 1 %).
+    Storage is skipped: its rate is per GB-month on the invoice, rounded to 3 decimals."""
+    billed, recorded = component.billed_rate, component.recorded_rate
+    if component.name == "storage" or not billed or not recorded:
+        return False
+    return abs(billed - recorded) > 0.01 * recorded
+
+
+def _rented_hours(attempt) -> float:
+    if attempt.rented_at is None or attempt.ended_at is None:
+        return float("inf")
+    return (attempt.ended_at - attempt.rented_at).total_seconds() / 3600.0
+
+
+def reconcile_attempt(
+    attempt,
+    *,
+    now: datetime,
+    tolerance: Tolerance | None = None,
+    covered: datetime | None = None,
+) -> AttemptReconciliation:
+    """Recorded vs billed for one attempt, its status and the reason for the largest gap."""
+    tolerance = tolerance or Tolerance.from_settings()
+    charges = tuple(attempt.charges.all())
+    components = compare_components(attempt, charges, now=now, tolerance=tolerance)
+    status = attempt_status(attempt, components, charges, covered=covered, tolerance=tolerance)
+    reason = explain(attempt, components, charges) if status in Status.FLAGGED else ""
+    return AttemptReconciliation(attempt, components, charges, status, reason)
+
+
+# --- jobs and periods -----------------------------------------------------------------------
+
+
+def charges_prefetch() -> Prefetch:
+    return Prefetch("charges", queryset=Charge.objects.prefetch_related("items"))
+
+
+@dataclass(frozen=True)
+class Savings:
+    """Billed (or estimated) cost against renting the team's reference for the same work."""
+
+    cost: float
+    reference_usd: float
+    reference_hours: float
+
+    @property
+    def saved_usd(self) -> float:
+        return self.reference_usd - self.cost
+
+    @property
+    def saved_pct(self) -> float | None:
+        return percent(self.saved_usd, self.reference_usd)
+
+
+def reference_hours(*, machine_h: float, training_h: float, speed_factor: float) -> float:
+    """Hours the reference would need: start-up as long as here (downloads do not get faster
+    on a faster GPU), training divided by the reference's speed factor."""
+    training_h = min(training_h, machine_h)
+    return (machine_h - training_h) + training_h / (speed_factor or 1.0)
+
+
+def savings(team, *, cost: float, machine_h: float, training_h: float) -> Savings:
+    """COST against TEAM's reference rate for MACHINE_H on a machine, TRAINING_H of it training."""
+    hours = reference_hours(
+        machine_h=machine_h,
+        training_h=training_h,
+        speed_factor=float(team.reference_speed_factor),
+    )
+    return Savings(cost, hours * float(team.reference_rate_usd_per_hour), hours)
+
+
+def machine_and_training_hours(attempts, *, now: datetime) -> tuple[float, float]:
+    """Hours on machines (rented to end) and of training (running to end), summed."""
+    machine = training = 0.0
+    for a in attempts:
+        end = a.ended_at or now
+        if a.rented_at:
+            machine += max((end - a.rented_at).total_seconds(), 0.0) / 3600.0
+        if a.running_at:
+            training += max((end - a.running_at).total_seconds(), 0.0) / 3600.0
+    return machine, training
+
+
+@dataclass(frozen=True)
+class JobCost:
+    """What the portal shows as a job's cost, and whether it is invoiced or estimated."""
+
+    amount: float
+    basis: str  # "invoiced" once every attempt is reconciled, else "estimated"
+    recorded: float
+    billed: float
+
+
+@dataclass(frozen=True)
+class JobReconciliation:
+    job: object
+    attempts: tuple[AttemptReconciliation, ...]
+    cost: JobCost
+    savings: Savings
+    flag_ids: tuple[int, ...] = ()
+
+    @property
+    def recorded(self) -> float:
+        return sum(a.recorded for a in self.attempts)
+
+    @property
+    def billed(self) -> float:
+        return sum(a.billed for a in self.attempts)
+
+    @property
+    def diff(self) -> float:
+        return self.billed - self.recorded
+
+    @property
+    def pct(self) -> float | None:
+        return percent(self.diff, self.recorded)
+
+    @property
+    def status(self) -> str:
+        """The worst attempt status: flagged ones first, then pending, else matched."""
+        statuses = [a.status for a in self.attempts]
+        for status in (Status.OVER_BILLED, Status.UNDER_BILLED, Status.UNBILLED_USAGE):
+            if status in statuses:
+                return status
+        return Status.PENDING if Status.PENDING in statuses else Status.MATCHED
+
+    @property
+    def reason(self) -> str:
+        flagged = [a for a in self.attempts if a.flagged]
+        return max(flagged, key=lambda a: abs(a.diff)).reason if flagged else ""
+
+    def components(self) -> list[Component]:
+        """Per component, summed over the attempts."""
+        out = []
+        for n, (name, _, unit) in enumerate(COMPONENTS):
+            parts = [a.components[n] for a in self.attempts]
+            billed_qty = [p.billed_qty for p in parts if p.billed_qty is not None]
+            out.append(
+                Component(
+                    name=name,
+                    recorded=sum(p.recorded for p in parts),
+                    billed=sum(p.billed for p in parts),
+                    recorded_qty=sum(p.recorded_qty for p in parts),
+                    billed_qty=sum(billed_qty) if billed_qty else None,
+                    unit=unit,
+                )
+            )
+        return out
+
+
+def job_cost_from(attempts: tuple[AttemptReconciliation, ...]) -> JobCost:
+    recorded = sum(a.recorded for a in attempts)
+    billed = sum(a.billed for a in attempts)
+    invoiced = bool(attempts) and all(a.status != Status.PENDING for a in attempts)
+    invoiced = invoiced and any(a.charges for a in attempts)
+    return JobCost(
+        billed if invoiced else recorded, "invoiced" if invoiced else "estimated", recorded, billed
+    )
+
+
+def reconcile_job(
+    job,
+    *,
+    now: datetime,
+    tolerance: Tolerance | None = None,
+    covered: datetime | None = None,
+    attempts=None,
+) -> JobReconciliation:
+    """Every rented attempt of JOB reconciled, the job's cost basis and its savings."""
+    tolerance = tolerance or Tolerance.from_settings()
+    if covered is None:
+        covered = covered_until(job.team)
+    if attempts is None:
+        attempts = job.attempts.filter(rented_at__isnull=False).prefetch_related(charges_prefetch())
+    rows = tuple(
+        reconcile_attempt(a, now=now, tolerance=tolerance, covered=covered) for a in attempts
+    )
+    cost = job_cost_from(rows)
+    machine_h, training_h = machine_and_training_hours([r.attempt for r in rows], now=now)
+    return JobReconciliation(
+        job,
+        rows,
+        cost,
+        savings(job.team, cost=cost.amount, machine_h=machine_h, training_h=training_h),
+    )
+
+
+def job_cost(job, *, now: datetime | None = None) -> JobCost:
+    """The cost the portal shows for JOB: invoiced once reconciled, else the estimate."""
+    return reconcile_job(job, now=now or timezone.now()).cost
+
+
+@dataclass
+class PeriodReport:
+    team: object
+    start: date
+    end: date
+    jobs: list[JobReconciliation] = field(default_factory=list)
+    unmatched: list[Charge] = field(default_factory=list)
+
+    @property
+    def recorded(self) -> float:
+        return sum(j.recorded for j in self.jobs)
+
+    @property
+    def billed(self) -> float:
+        return sum(j.billed for j in self.jobs) + self.unmatched_usd
+
+    @property
+    def unmatched_usd(self) -> float:
+        return float(sum((c.amount for c in self.unmatched), Decimal(0)))
+
+    @property
+    def diff(self) -> float:
+        return self.billed - self.recorded
+
+    @property
+    def pct(self) -> float | None:
+        return percent(self.diff, self.recorded)
+
+    def count(self, status: str) -> int:
+        return sum(1 for j in self.jobs for a in j.attempts if a.status == status)
+
+    @property
+    def savings(self) -> Savings:
+        return Savings(
+            cost=sum(j.savings.cost for j in self.jobs),
+            reference_usd=sum(j.savings.reference_usd for j in self.jobs),
+            reference_hours=sum(j.savings.reference_hours for j in self.jobs),
+        )
+
+    def components(self) -> list[Component]:
+        out = []
+        for n, (name, _, unit) in enumerate(COMPONENTS):
+            parts = [j.components()[n] for j in self.jobs]
+            out.append(
+                Component(
+                    name=name,
+                    recorded=sum(p.recorded for p in parts),
+                    billed=sum(p.billed for p in parts),
+                    recorded_qty=sum(p.recorded_qty for p in parts),
+                    billed_qty=None,
+                    unit=unit,
+                )
+            )
+        return out
+
+
+def period_bounds(start: date, end: date) -> tuple[datetime, datetime]:
+    return (
+        datetime.combine(start, time.min, tzinfo=UTC),
+        datetime.combine(end + timedelta(days=1), time.min, tzinfo=UTC),
+    )
+
+
+def reconcile_period(
+    team, start: date, end: date, *, now: datetime, tolerance: Tolerance | None = None
+) -> PeriodReport:
+    """Every job with an attempt rented in [START, END] (UTC days), and the unmatched charges
+    of those days."""
+    from jobs.models import Attempt
+
+    tolerance = tolerance or Tolerance.from_settings()
+    covered = covered_until(team)
+    lo, hi = period_bounds(start, end)
+    attempts = (
+        Attempt.objects.filter(job__team=team, rented_at__gte=lo, rented_at__lt=hi)
+        .select_related("job", "job__team")
+        .prefetch_related(charges_prefetch())
+        .order_by("job_id", "number")
+    )
+    by_job: dict[int, list] = {}
+    for attempt in attempts:
+        by_job.setdefault(attempt.job_id, []).append(attempt)
+    report = PeriodReport(team, start, end)
+    for mine in by_job.values():
+        report.jobs.append(
+            reconcile_job(mine[0].job, now=now, tolerance=tolerance, covered=covered, attempts=mine)
+        )
+    report.jobs.sort(key=lambda j: j.job.created_at, reverse=True)
+    report.unmatched = list(
+        Charge.objects.filter(team=team, attempt__isnull=True, day__gte=start, day__lte=end)
+        .prefetch_related("items")
+        .order_by("day", "source")
+    )
+    return report
+
+
+# --- flags and events -----------------------------------------------------------------------
+
+
+def flag_discrepancies(team, *, now: datetime, tolerance: Tolerance | None = None) -> int:
+    """Keep one ``DiscrepancyFlag`` per flagged attempt and per unmatched charge, and write an
+    ``invoice_discrepancy`` event when an attempt's flag is first created (never again).
+    Returns how many flags were created. Unmatched charges have no job, so no job event:
+    finance sees them in the period summary."""
+    from jobs.models import Attempt
+
+    tolerance = tolerance or Tolerance.from_settings()
+    covered = covered_until(team)
+    since = now - timedelta(days=settings.INVOICE_LOOKBACK_DAYS)
+    attempts = (
+        Attempt.objects.filter(job__team=team, rented_at__isnull=False, ended_at__gte=since)
+        .select_related("job")
+        .prefetch_related(charges_prefetch())
+    )
+    created = 0
+    for attempt in attempts:
+        row = reconcile_attempt(attempt, now=now, tolerance=tolerance, covered=covered)
+        if row.flagged:
+            created += _flag_attempt(team, row, now=now)
+        elif row.status == Status.MATCHED:
+            close_open_flags(
+                DiscrepancyFlag.objects.filter(attempt=attempt),
+                note="matches the invoice after a later import",
+                now=now,
+            )
+    close_open_flags(
+        DiscrepancyFlag.objects.filter(team=team, charge__attempt__isnull=False),
+        note="the charge was matched to an attempt after a later import",
+        now=now,
+    )
+    for charge in Charge.objects.filter(team=team, attempt__isnull=True, day__gte=since.date()):
+        _, new = DiscrepancyFlag.objects.get_or_create(
+            charge=charge,
+            defaults={
+                "team": team,
+                "kind": Status.UNMATCHED_CHARGE,
+                "billed_usd": charge.amount,
+                "reason": f"no NomadGPU attempt for {charge.source}",
+                "created_at": now,
+                "updated_at": now,
+            },
+        )
+        created += new
+    return created
+
+
+def _flag_attempt(team, row: AttemptReconciliation, *, now: datetime) -> int:
+    from jobs.services import record_event
+
+    attempt = row.attempt
+    numbers = {
+        "kind": row.status,
+        "recorded_usd": Decimal(f"{row.recorded:.4f}"),
+        "billed_usd": Decimal(f"{row.billed:.4f}"),
+        "reason": row.reason[:300],
+        "updated_at": now,
+    }
+    with transaction.atomic():
+        flag, new = DiscrepancyFlag.objects.get_or_create(
+            attempt=attempt, defaults={"team": team, "created_at": now, **numbers}
+        )
+        if not new:
+            DiscrepancyFlag.objects.filter(pk=flag.pk).update(**numbers)
+            return 0
+        record_event(
+            attempt.job_id,
+            now=now,
+            kind="invoice_discrepancy",
+            message=(
+                f"Attempt #{attempt.number}: Vast billed ${row.billed:.2f}, NomadGPU recorded "
+                f"${row.recorded:.2f} ({Status.LABELS[row.status]}). {row.reason}"
+            ),
+            attempt=attempt.number,
+            instance_id=attempt.instance_id,
+            status=row.status,
+            billed_usd=round(row.billed, 4),
+            recorded_usd=round(row.recorded, 4),
+            difference_usd=round(row.diff, 4),
+            reason=row.reason,
+        )
+    return 1
+
+
+def close_open_flags(flags, *, note: str, now: datetime) -> int:
+    """Close FLAGS that are still open because the numbers now agree (no reviewer)."""
+    from billing.models import FlagStatus
+
+    return flags.filter(status=FlagStatus.OPEN).update(
+        status=FlagStatus.REVIEWED, note=note, reviewed_at=now, updated_at=now
+    )
+
+
+def mark_reviewed(flag: DiscrepancyFlag, *, user, note: str, now: datetime) -> bool:
+    """Mark FLAG reviewed with NOTE; False if someone else reviewed it first."""
+    from billing.models import FlagStatus
+
+    return bool(
+        DiscrepancyFlag.objects.filter(pk=flag.pk, status=FlagStatus.OPEN).update(
+            status=FlagStatus.REVIEWED, note=note, reviewed_by=user, reviewed_at=now
+        )
+    )

@@ -1,0 +1,121 @@
+"""The sandbox bills real rentals; reconciliation flags exactly the overcharged host, the host
+that billed traffic NomadGPU never saw (the image pull), and the rental made outside it."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from billing import invoices, reconcile
+from billing.models import Charge, DiscrepancyFlag
+from hosts import vast
+from jobs.models import JobEvent
+from tests.factories import JobFactory, TeamFactory, make_attempt
+from tests.processes import wait_until
+from tests.sandbox_support import Sandbox, market_offers
+
+IMAGE = "pytorch/pytorch:2.4.0-cuda12.4-cudnn9-runtime"  # 3.6 GB pulled by the host
+CLEAN = 16702039  # 8x H200, $32/h, traffic free
+OVERCHARGED = 17394761  # 4x H100 PCIe, $10.4/h, download free; billed twice its usage
+TRAFFIC = 17179682  # RTX 4090 that charges $45/TB each way: the field report's first host
+OUTSIDE = 16253309  # rented by hand, no NomadGPU attempt
+
+
+def rent_as_nomadgpu(sandbox: Sandbox, team, ask_id: int):
+    """Rent ASK_ID the way NomadGPU records an attempt: rates from the offer, our clock."""
+    offer = vast.parse_offer(market_offers()[ask_id])
+    job = JobFactory(team=team, name=f"job-{ask_id}")
+    rented_at = timezone.now()
+    instance_id = sandbox.create(ask_id, image=IMAGE, disk=20, onstart="sleep 600")
+    attempt, _ = make_attempt(
+        job,
+        state="starting",
+        instance_id=instance_id,
+        rented_at=rented_at,
+        dph_base=offer.dph_base,
+        storage_usd_per_gb_hour=offer.storage_usd_per_gb_hour,
+        download_usd_per_gb=offer.download_usd_per_gb,
+        upload_usd_per_gb=offer.upload_usd_per_gb,
+        disk_gb=20,
+    )
+    return attempt
+
+
+def mark_running_when_billed(sandbox: Sandbox, attempt) -> None:
+    sandbox.wait_status(attempt.instance_id, "running", timeout=20)
+    attempt.registered_at = attempt.running_at = timezone.now()
+    attempt.state = "running"
+    attempt.save()
+
+
+def end(sandbox: Sandbox, attempt) -> None:
+    sandbox.client().delete(f"/api/v0/instances/{attempt.instance_id}/").raise_for_status()
+    attempt.ended_at = timezone.now()
+    attempt.state = "ended"
+    attempt.save()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reconciliation_flags_exactly_the_overcharge_the_traffic_and_the_outsider(
+    sandbox: Sandbox,
+):
+    # The team's own account: every charge on it is the team's, so an outside rental shows.
+    team = TeamFactory(slug="recon", vast_url=sandbox.url, vast_api_key="sandbox-key")
+    clean, over, traffic = (
+        rent_as_nomadgpu(sandbox, team, a) for a in (CLEAN, OVERCHARGED, TRAFFIC)
+    )
+    outsider_id = sandbox.create(OUTSIDE, image="ubuntu:22.04", disk=10, onstart="sleep 600")
+    sandbox.inject(over.instance_id, "overcharge", 100)
+    for attempt in (clean, over, traffic):
+        mark_running_when_billed(sandbox, attempt)
+    # Let the GPUs bill long enough for real money: $0.10 on the H200 is about 11 s.
+    wait_until(
+        lambda: sandbox.debug(clean.instance_id)["billed"]["gpu"] >= 0.10,
+        timeout=60,
+        what="the H200 to bill $0.10 of GPU time",
+        every=0.2,
+    )
+    for attempt in (clean, over, traffic):
+        end(sandbox, attempt)
+    sandbox.client().delete(f"/api/v0/instances/{outsider_id}/").raise_for_status()
+
+    now = timezone.now()
+    invoices.sync_team(team, now=now)
+    created = reconcile.flag_discrepancies(team, now=now)
+
+    rows = {a.pk: reconcile.reconcile_attempt(a, now=now, covered=now) for a in team_attempts(team)}
+    assert rows[clean.pk].status == reconcile.Status.MATCHED
+    assert abs(rows[clean.pk].pct) < 2.0, rows[clean.pk].components
+    assert rows[clean.pk].billed >= 0.10
+
+    assert rows[over.pk].status == reconcile.Status.OVER_BILLED
+    assert rows[over.pk].pct == pytest.approx(100, abs=10)
+    assert rows[over.pk].reason.startswith("GPU hours billed beyond the rental")
+
+    assert rows[traffic.pk].status == reconcile.Status.OVER_BILLED
+    assert rows[traffic.pk].reason.startswith("traffic: 3.353 GB download billed")
+    download = rows[traffic.pk].components[2]
+    assert download.billed == pytest.approx(3.6e9 / 1024**3 * 0.0439453125, abs=0.002)
+
+    unmatched = Charge.objects.get(team=team, attempt__isnull=True)
+    assert unmatched.source == f"instance-{outsider_id}"
+
+    flagged = DiscrepancyFlag.objects.filter(team=team)
+    assert created == 3
+    assert {f.attempt_id for f in flagged if f.attempt_id} == {over.pk, traffic.pk}
+    assert {f.charge_id for f in flagged if f.charge_id} == {unmatched.pk}
+
+    events = JobEvent.objects.filter(kind="invoice_discrepancy")
+    assert sorted(e.job_id for e in events) == sorted([over.job_id, traffic.job_id])
+    assert reconcile.flag_discrepancies(team, now=timezone.now()) == 0  # once, not per run
+    assert JobEvent.objects.filter(kind="invoice_discrepancy").count() == 2
+
+    cost = reconcile.job_cost(clean.job)
+    assert cost.basis == "invoiced"
+    assert cost.amount == pytest.approx(rows[clean.pk].billed)
+
+
+def team_attempts(team):
+    from jobs.models import Attempt
+
+    return Attempt.objects.filter(job__team=team).prefetch_related(reconcile.charges_prefetch())
