@@ -54,7 +54,6 @@ class BudgetPauseAdmin(TeamScopedAdmin):
         return False
 
 
-
 # --- Invoices -------------------------------------------------------------------------------
 # Imported ledger rows are read-only here: they change only by re-importing (API or CSV), so
 # the admin can never make the invoice disagree with Vast. Finance reviews flags in /finance/.

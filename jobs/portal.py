@@ -5,16 +5,22 @@ the timeline, offers before submit and the points of the charts. Plain functions
 
 from __future__ import annotations
 
-import importlib
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
-from zoneinfo import ZoneInfo
 
 from django.db.models import Count, Prefetch, QuerySet
 
-from billing.spend import Spend, attempt_spend, job_spend, total_spend
+from billing.periods import period_bounds
+from billing.reconcile import job_cost as reconciled_job_cost
+from billing.spend import (
+    Spend,
+    attempt_spend,
+    projected_total,
+    spend_between,
+    total_spend,
+)
 from hosts import selection
 from hosts.vast import RetryPolicy, VastClient, VastError
 from jobs import services
@@ -26,14 +32,6 @@ logger = logging.getLogger(__name__)
 PREVIEW_TOP_N = 5
 # The offers preview runs while the member waits: fail fast instead of retrying for a minute.
 PREVIEW_RETRY = RetryPolicy(attempts=2, base_delay=0.2, max_delay=1.0, max_server_wait=2.0)
-
-
-def _optional(module: str, name: str):
-    """NAME from MODULE when another part of the project provides it, else None."""
-    try:
-        return getattr(importlib.import_module(module), name, None)
-    except ImportError:
-        return None
 
 
 # --- Rows of the job list ---------------------------------------------------------------------
@@ -84,29 +82,18 @@ def progress_of(job: Job, attempt: Attempt | None) -> Progress:
     return Progress(step, total, speed)
 
 
-def projected_cost(job: Job, *, now: datetime, spend: Spend, progress: Progress) -> float | None:
-    """Expected total cost of the job: the budgets helper's projection when it is installed,
-    else spend so far plus the remaining steps at the live host's hourly rates."""
-    projector = _optional("billing.spend", "projected_total")
-    if projector is not None:
-        return float(projector(job, now=now))
+def projected_cost(job: Job, *, now: datetime, spend: Spend, progress: Progress) -> float:
+    """Expected total cost of the job (``billing.spend.projected_total``; spend for a finished
+    one)."""
     if services.is_terminal(job.state):
         return spend.total
-    attempt = current_attempt(job)
-    if attempt is None or progress.eta_s is None:
-        return None
-    hourly = attempt.dph_base + attempt.storage_usd_per_gb_hour * attempt.disk_gb
-    return spend.total + hourly * progress.eta_s / 3600
+    return projected_total(job, now=now)
 
 
 def job_cost(job: Job, *, now: datetime) -> tuple[float, str]:
-    """(dollars, "invoiced" or "estimated"): the invoices helper's cost when it is installed
-    (``billing.reconcile.job_cost`` → ``JobCost(amount, basis, ...)``), else recorded spend."""
-    reconciled = _optional("billing.reconcile", "job_cost")
-    if reconciled is not None:
-        cost = reconciled(job, now=now)
-        return float(cost.amount), str(cost.basis)
-    return job_spend(job, now=now).total, "estimated"
+    """(dollars, "invoiced" or "estimated"): what the portal shows as the job's cost."""
+    cost = reconciled_job_cost(job, now=now)
+    return float(cost.amount), str(cost.basis)
 
 
 @dataclass
@@ -147,31 +134,12 @@ def job_row(job: Job, *, now: datetime) -> JobRow:
     )
 
 
-def month_start(now: datetime, tz_name: str) -> datetime:
-    """Midnight of the first day of NOW's month in the team's time zone."""
-    local = now.astimezone(ZoneInfo(tz_name or "UTC"))
-    return local.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-
-
-def spend_since(attempts, *, since: datetime, now: datetime) -> float:
-    """Dollars of ATTEMPTS between SINCE and NOW: time-billed parts clipped to the period,
-    traffic counted for attempts rented in the period (the counters carry no times)."""
-    total = 0.0
-    for attempt in attempts:
-        if attempt.ended_at is not None and attempt.ended_at < since:
-            continue
-        whole, before = attempt_spend(attempt, now=now), attempt_spend(attempt, now=since)
-        total += (whole.gpu - before.gpu) + (whole.storage - before.storage)
-        if attempt.rented_at is not None and attempt.rented_at >= since:
-            total += whole.download + whole.upload
-    return total
-
-
 def team_month_spend(team, *, now: datetime) -> float:
-    """What TEAM's jobs cost this calendar month (team time zone)."""
-    since = month_start(now, getattr(team, "time_zone", "UTC"))
+    """What TEAM's jobs cost this calendar month (team time zone), as the monthly limit
+    counts it."""
+    start, end = period_bounds("month", now, team.time_zone or "UTC")
     attempts = Attempt.objects.filter(job__team=team).exclude(rented_at=None)
-    return spend_since(attempts, since=since, now=now)
+    return spend_between(attempts, start, end, now=now).total
 
 
 # --- The job page -----------------------------------------------------------------------------

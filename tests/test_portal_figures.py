@@ -19,27 +19,23 @@ def test_eta_is_remaining_steps_times_seconds_per_step():
     assert portal.Progress(step=None, total=300, seconds_per_step=4.0).percent is None
 
 
-def test_month_starts_at_midnight_in_the_teams_time_zone():
-    # 00:30 UTC on 1 March is still February in New York.
-    start = portal.month_start(NOW, "America/New_York")
-
-    assert (start.month, start.day, start.hour) == (2, 1, 0)
-
-
 @pytest.mark.django_db
-def test_spend_since_clips_time_billed_parts_to_the_period():
-    job = JobFactory()
-    attempt, _ = make_attempt(
+def test_month_spend_starts_at_midnight_in_the_teams_time_zone_and_clips_attempts():
+    # 00:30 UTC on 1 March is still February in New York (UTC-5): the month began on
+    # 1 February 05:00 UTC, so an attempt running since 31 January 23:00 UTC counts from then.
+    job = JobFactory(team__time_zone="America/New_York")
+    make_attempt(
         job,
         state="running",
         dph_base=1.0,
-        rented_at=NOW - timedelta(hours=2),
-        registered_at=NOW - timedelta(hours=2),
+        rented_at=datetime(2026, 1, 31, 23, 0, tzinfo=UTC),
+        registered_at=datetime(2026, 1, 31, 23, 0, tzinfo=UTC),
     )
 
-    spent = portal.spend_since([attempt], since=NOW - timedelta(hours=1), now=NOW)
+    spent = portal.team_month_spend(job.team, now=NOW)
 
-    assert spent == pytest.approx(1.0)  # one of the two GPU hours falls in the period
+    hours = (NOW - datetime(2026, 2, 1, 5, 0, tzinfo=UTC)).total_seconds() / 3600
+    assert spent == pytest.approx(hours * 1.0)
 
 
 def test_line_chart_maps_the_range_into_the_box_with_y_up():
