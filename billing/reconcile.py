@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
+from typing import ClassVar
 
 from django.conf import settings
 from django.db import transaction
@@ -84,8 +85,37 @@ def percent(diff: float, recorded: float) -> float | None:
     return diff / recorded * 100.0 if recorded else None
 
 
+class Difference:
+    """Billed minus recorded, in $ and in % of recorded, for anything with both totals."""
+
+    recorded: float
+    billed: float
+
+    @property
+    def diff(self) -> float:
+        return self.billed - self.recorded
+
+    @property
+    def pct(self) -> float | None:
+        return percent(self.diff, self.recorded)
+
+
+class Summed(Difference):
+    """``recorded`` and ``billed`` as sums over the parts named by ``parts``."""
+
+    parts: ClassVar[str]
+
+    @property
+    def recorded(self) -> float:
+        return sum(part.recorded for part in getattr(self, self.parts))
+
+    @property
+    def billed(self) -> float:
+        return sum(part.billed for part in getattr(self, self.parts))
+
+
 @dataclass(frozen=True)
-class Component:
+class Component(Difference):
     """One billing component of one attempt (or a sum of them)."""
 
     name: str
@@ -98,38 +128,16 @@ class Component:
     recorded_rate: float | None = None
     status: str = Status.MATCHED
 
-    @property
-    def diff(self) -> float:
-        return self.billed - self.recorded
-
-    @property
-    def pct(self) -> float | None:
-        return percent(self.diff, self.recorded)
-
 
 @dataclass(frozen=True)
-class AttemptReconciliation:
+class AttemptReconciliation(Summed):
+    parts = "components"
+
     attempt: object
     components: tuple[Component, ...]
     charges: tuple[Charge, ...]
     status: str
     reason: str
-
-    @property
-    def recorded(self) -> float:
-        return sum(c.recorded for c in self.components)
-
-    @property
-    def billed(self) -> float:
-        return sum(c.billed for c in self.components)
-
-    @property
-    def diff(self) -> float:
-        return self.billed - self.recorded
-
-    @property
-    def pct(self) -> float | None:
-        return percent(self.diff, self.recorded)
 
     @property
     def flagged(self) -> bool:
@@ -393,28 +401,14 @@ class JobCost:
 
 
 @dataclass(frozen=True)
-class JobReconciliation:
+class JobReconciliation(Summed):
+    parts = "attempts"
+
     job: object
     attempts: tuple[AttemptReconciliation, ...]
     cost: JobCost
     savings: Savings
     flag_ids: tuple[int, ...] = ()
-
-    @property
-    def recorded(self) -> float:
-        return sum(a.recorded for a in self.attempts)
-
-    @property
-    def billed(self) -> float:
-        return sum(a.billed for a in self.attempts)
-
-    @property
-    def diff(self) -> float:
-        return self.billed - self.recorded
-
-    @property
-    def pct(self) -> float | None:
-        return percent(self.diff, self.recorded)
 
     @property
     def status(self) -> str:
@@ -492,7 +486,7 @@ def job_cost(job, *, now: datetime | None = None) -> JobCost:
 
 
 @dataclass
-class PeriodReport:
+class PeriodReport(Difference):
     team: object
     start: date
     end: date
@@ -510,14 +504,6 @@ class PeriodReport:
     @property
     def unmatched_usd(self) -> float:
         return float(sum((c.amount for c in self.unmatched), Decimal(0)))
-
-    @property
-    def diff(self) -> float:
-        return self.billed - self.recorded
-
-    @property
-    def pct(self) -> float | None:
-        return percent(self.diff, self.recorded)
 
     def count(self, status: str) -> int:
         return sum(1 for j in self.jobs for a in j.attempts if a.status == status)
