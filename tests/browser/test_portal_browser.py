@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import time
-from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -36,28 +35,11 @@ def portal_member(supervisor):  # noqa: F811
 
 
 @pytest.fixture
-def portal_page(request, live_server):
-    """A headless Chromium page; a screenshot of it is saved when the test fails.
-
-    Request it after the fixtures that write to the database: Django connections opened inside
-    Playwright's sync context belong to another async context and are never closed.
-    """
-    from playwright.sync_api import sync_playwright
-
-    failed_before = request.session.testsfailed
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path="/usr/bin/chromium",
-            args=["--no-sandbox", "--disable-background-networking"],
-        )
-        page = browser.new_page()
-        page.set_default_timeout(20_000)
-        yield page
-        if request.session.testsfailed > failed_before:
-            shots = Path(settings.VAR_DIR) / "screenshots"
-            shots.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(shots / f"{request.node.name}.png"), full_page=True)
-        browser.close()
+def portal_page(browser_page):
+    """``browser_page`` (tests/browser/conftest.py) with a longer default timeout: the live
+    parts of the portal poll every 3 s. Request it after the fixtures that write data."""
+    browser_page.set_default_timeout(20_000)
+    return browser_page
 
 
 def shown_step(page) -> int:
