@@ -111,14 +111,34 @@ def seed(agents: int) -> list[tuple[int, str]]:
     """AGENTS running attempts of as many running jobs; returns (attempt id, token) pairs."""
     from django.utils import timezone
 
+    from jobs.agent_services import new_data_key
     from jobs.models import Attempt, Job
     from jobs.tokens import issue_token
     from nomadgpu.models import Team
 
     now = timezone.now()
-    team = Team.objects.create(name="Bench", slug="bench")
+    # A production team: its own provider key, bucket keys and bot token (sealed at rest).
+    team = Team.objects.create(
+        name="Bench",
+        slug="bench",
+        vast_api_key="vast-" + "k" * 60,
+        storage_access_key_id="AKIA" + "A" * 16,
+        storage_secret_access_key="s" * 40,
+        telegram_bot_token="123456:" + "t" * 35,
+    )
     jobs = Job.objects.bulk_create(
-        Job(team=team, name=f"hb-{i}", image="img", command="python train.py", state="running")
+        Job(
+            team=team,
+            name=f"hb-{i}",
+            image="pytorch/pytorch:2.4.0-cuda12.4-cudnn9-runtime",
+            command="python train.py --config qlora.yaml",
+            env={"HF_HOME": "/workspace/hf", "WANDB_MODE": "offline"},
+            state="running",
+            encrypt_checkpoints=True,
+            data_key=new_data_key(),
+            requirements={"gpu_names": ["RTX 4090"], "min_reliability": 0.98},
+            profile={"model_gb": 15, "steps_total": 300},
+        )
         for i in range(agents)
     )
     issued = [issue_token() for _ in jobs]
@@ -134,6 +154,13 @@ def seed(agents: int) -> list[tuple[int, str]]:
             last_heartbeat_at=now,
             heartbeat_deadline=now + job.heartbeat_timeout,
             step=0,
+            label=f"ngpu:bench:{job.pk}:1",
+            gpu_name="RTX 4090",
+            decision={
+                "chosen_offer_id": 1,
+                "candidates": [{"id": i, "usd": 1.0} for i in range(5)],
+            },
+            log_tail=LOG_TAIL,
         )
         for job, tok in zip(jobs, issued, strict=True)
     )
