@@ -146,7 +146,7 @@ class Bench:
             upload_id = self.store.create_multipart(key)
             parts = [
                 {"part_number": n, "url": self.store.presign_part(key, upload_id, n)}
-                for n in range(1, parts_needed(size) + 1)
+                for n in range(1, parts_needed(size, PART_SIZE) + 1)
             ]
             target = {"kind": "multipart", "part_size": PART_SIZE, "parts": parts}
         else:

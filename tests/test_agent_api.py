@@ -172,6 +172,24 @@ def test_a_complete_with_the_wrong_size_is_refused(client, local_storage):
     assert "5 bytes" in response.json()["detail"]
 
 
+def test_multipart_parts_are_16_mib_unless_the_object_would_need_more_than_max_parts(
+    client, local_storage
+):
+    _, token = make_attempt()
+    gib, mib = 1024**3, 1024**2
+
+    small = call(client, token, "checkpoints", {"step": 1, "size": gib}).json()["upload"]
+    huge = call(client, token, "checkpoints", {"step": 2, "size": 400 * gib}).json()["upload"]
+
+    assert small["kind"] == "multipart"
+    assert small["part_size"] == 16 * mib
+    assert len(small["parts"]) == 64
+    assert huge["part_size"] % mib == 0
+    assert len(huge["parts"]) <= 10_000
+    assert huge["part_size"] * len(huge["parts"]) >= 400 * gib
+    assert huge["part_size"] * (len(huge["parts"]) - 1) < 400 * gib
+
+
 def test_the_next_attempt_resumes_from_the_newest_ready_checkpoint(client, local_storage):
     job = JobFactory()
     first, token = make_attempt(job)
