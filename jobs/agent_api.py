@@ -20,11 +20,11 @@ from jobs.models import Attempt, Checkpoint
 
 
 class AgentToken(HttpBearer):
-    only: tuple[str, ...] = ()  # the attempt's fields to load; empty: all but the bulky ones
+    for_heartbeat = False  # load only what a heartbeat reads (the hot path)
 
     def authenticate(self, request: HttpRequest, token: str) -> Attempt | None:
         try:
-            return agent_services.authenticate_agent(token, only=self.only)
+            return agent_services.authenticate_agent(token, for_heartbeat=self.for_heartbeat)
         except agent_services.TokenUnknown:
             return None
         except agent_services.AttemptNotRentedYet as exc:
@@ -35,7 +35,7 @@ class AgentToken(HttpBearer):
 
 
 class HeartbeatToken(AgentToken):
-    only = agent_services.HEARTBEAT_FIELDS
+    for_heartbeat = True
 
 
 router = Router(auth=AgentToken(), tags=["agent"])
