@@ -58,6 +58,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--conns", type=int, default=8, help="connections per client (default 8)")
     parser.add_argument("--seconds", type=float, help="length of each phase (default 10; quick 5)")
     parser.add_argument("--profile", action="store_true", help="cProfile the heartbeat path")
+    parser.add_argument(
+        "--gunicorn", default="", help='extra gunicorn options to try, e.g. "--threads 4"'
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temp dir and database")
     args = parser.parse_args()
     args.agents = args.agents or (500 if args.quick else 2000)
@@ -563,8 +566,9 @@ def main() -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        argv = web_command(port)
+        argv = web_command(port) + shlex.split(args.gunicorn)
         workers = " ".join(argv[argv.index("--workers") :][:2]) if "--workers" in argv else ""
+        workers = f"{workers} {args.gunicorn}".strip()
         log = (tmp / "gunicorn.log").open("wb")
         gunicorn = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         wait_healthy(port, gunicorn)

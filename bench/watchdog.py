@@ -87,8 +87,10 @@ class Fleet:
             ),
             batch_size=5000,
         )
-        # Due: silent for longer than the heartbeat timeout (30 s at 15 s beats).
+        # Due: silent for longer than the heartbeat timeout (30 s at 15 s beats). Healthy: a
+        # deadline far ahead, as if they kept beating while the bench builds bigger sizes.
         last_beat = now - timedelta(seconds=60) if due else now
+        deadline = last_beat + timedelta(seconds=30) if due else now + timedelta(days=1)
         Attempt.objects.bulk_create(
             (
                 Attempt(
@@ -102,7 +104,7 @@ class Fleet:
                     running_at=now - timedelta(hours=1),
                     last_heartbeat_at=last_beat,
                     last_progress_at=last_beat,
-                    heartbeat_deadline=last_beat + job.heartbeat_timeout,
+                    heartbeat_deadline=deadline,
                     phase="running",
                     step=100,
                     gpu_ok=True,
@@ -116,9 +118,10 @@ class Fleet:
 
 def measure(fn) -> tuple[float, int]:
     """(seconds, queries) of one call of FN."""
-    from django.db import connection
+    from django.db import connection, reset_queries
     from django.test.utils import CaptureQueriesContext
 
+    reset_queries()  # a full query log (9,000 entries) would make the count wrong
     with CaptureQueriesContext(connection) as captured:
         t0 = time.perf_counter()
         fn()
@@ -131,10 +134,11 @@ def bench_size(fleet: Fleet) -> dict:
 
     from jobs import watchdog
 
-    idle = [
-        measure(lambda: watchdog.tick(now=timezone.now(), poll_provider=False))
-        for _ in range(REPEATS)
-    ]
+    def idle_tick() -> None:
+        done = watchdog.tick(now=timezone.now(), poll_provider=False)
+        assert done["lost"] == 0, f"{done['lost']} healthy attempts counted as lost"
+
+    idle = [measure(idle_tick) for _ in range(REPEATS)]
     ticks, finds = [], []
     for _ in range(REPEATS):
         fleet.add(DUE, due=True)
@@ -142,7 +146,14 @@ def bench_size(fleet: Fleet) -> dict:
         found = watchdog.find_due_losses(now)
         assert len(found) == DUE, f"{len(found)} due attempts found, {DUE} made"
         finds.append(measure(lambda now=now: watchdog.find_due_losses(now)))
-        ticks.append(measure(lambda now=now: watchdog.tick(now=now, poll_provider=False)))
+        done: dict = {}
+        ticks.append(
+            measure(
+                lambda now=now, done=done: done.update(watchdog.tick(now=now, poll_provider=False))
+            )
+        )
+        assert done["lost"] == DUE, f"the tick handled {done['lost']} of {DUE} losses"
+        assert done["planned"] == DUE, f"the tick planned {done['planned']} of {DUE} rents"
         assert not watchdog.find_due_losses(now), "the tick left due attempts behind"
     return {
         "idle_s": statistics.median(t for t, _ in idle),
@@ -181,6 +192,8 @@ def run_backend(backend: str, sizes: tuple[int, ...], profile: bool = False) -> 
         DATABASE_URL=url,
         CELERY_BROKER_URL="memory://",
         NOMADGPU_ENV="bench",
+        DEBUG="0",  # production's: no query log kept outside the counted calls
+        SECRET_KEY=base64.b64encode(os.urandom(40)).decode(),
         LOG_LEVEL="ERROR",
         FIELD_ENCRYPTION_KEY=base64.b64encode(os.urandom(32)).decode(),
     )
