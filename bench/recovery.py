@@ -1,7 +1,7 @@
 """Benchmark: how fast does a job get back to training after its host is lost?
 
-Usage: ``python bench/recovery.py [--drills N] [--heartbeat-s S] [--keep]`` (about a minute for
-the default 5 drills of each kind).
+Usage: ``python bench/recovery.py [--drills N] [--quick] [--heartbeat-s S] [--keep]`` (about a
+minute for the default 5 drills of each kind; ``--quick`` runs 2).
 
 Everything runs here, from scratch, in a temporary folder: a throwaway SQLite database
 (migrated), the web process (Django's threaded WSGI server: agent API and local object
@@ -46,6 +46,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.support import line  # noqa: E402
+
 PRODUCTION_HEARTBEAT_S = 15.0  # the job's default heartbeat interval
 PRODUCTION_POLL_S = 10.0  # PROVIDER_POLL_INTERVAL_S
 PRODUCTION_TICK_S = 5.0  # WATCHDOG_INTERVAL_S
@@ -70,7 +72,10 @@ def parse_args() -> argparse.Namespace:
         help="heartbeat interval in seconds; poll and tick scale with it (default 1)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    parser.add_argument("--quick", action="store_true", help="2 drills of each kind")
     args = parser.parse_args()
+    if args.quick:
+        args.drills = 2
     if args.drills < 1 or args.heartbeat_s < 1:
         parser.error("--drills and --heartbeat-s must be at least 1")
     return args
@@ -301,10 +306,6 @@ def p90(values: list[float]) -> float:
     if len(values) == 1:
         return values[0]
     return statistics.quantiles(values, n=10, method="inclusive")[8]
-
-
-def line(figure: str, value: str, baseline: str, ratio: float) -> str:
-    return f"{figure:<44} {value:<26} baseline {baseline:<46} ratio {ratio:5.2f}"
 
 
 def report(destroys: list[Drill], freezes: list[Drill], first: dict, timing: Timing) -> None:

@@ -1,6 +1,7 @@
 """Benchmark: does ranking by expected total cost pick cheaper hosts than ranking by price?
 
-Usage: ``python bench/selection.py [market.json]`` (no Django, no server, well under a second).
+Usage: ``python bench/selection.py [--quick] [market.json]`` (no Django, no server, well under a
+second; ``--quick`` changes nothing).
 
 On the seeded market (``hosts/sandbox/market/offers.json``, else ``shared/market/offers.json``)
 and for two jobs, it prices three offers at their TRUE cost, i.e. the cost model of
@@ -27,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.support import line  # noqa: E402
 from hosts.selection import (  # noqa: E402
     JobProfile,
     Requirements,
@@ -86,7 +88,7 @@ def true_cost(offer: Offer, job: Job, factors: dict[int, float]) -> float:
 
 
 def figure(job: Job, offers: list[Offer], factors: dict[int, float]) -> str:
-    """One line: the chosen offer's true cost against both baselines."""
+    """Two lines: the chosen offer's true cost against each baseline."""
     decision = choose_offer(offers, job.req, job.profile)
     kept, _ = filter_offers(offers, job.req)
     if decision is None or not kept:
@@ -96,15 +98,28 @@ def figure(job: Job, offers: list[Offer], factors: dict[int, float]) -> str:
     chosen_usd, dph_usd, best_usd = (
         true_cost(o, job, factors) for o in (decision.chosen.offer, cheapest, best)
     )
-    return (
-        f"selection/{job.name}: chosen ${chosen_usd:.3f} (offer {decision.chosen_offer_id}) "
-        f"vs lowest-dph ${dph_usd:.3f} (offer {cheapest.id}) (ratio {chosen_usd / dph_usd:.2f}), "
-        f"vs hindsight ${best_usd:.3f} (offer {best.id}) (ratio {chosen_usd / best_usd:.2f})"
+    chosen = f"${chosen_usd:.3f} (offer {decision.chosen_offer_id})"
+    return "\n".join(
+        [
+            line(
+                f"selection/{job.name} vs lowest dph",
+                chosen,
+                f"lowest-dph ${dph_usd:.3f} (offer {cheapest.id})",
+                chosen_usd / dph_usd,
+            ),
+            line(
+                f"selection/{job.name} vs hindsight",
+                chosen,
+                f"hindsight ${best_usd:.3f} (offer {best.id})",
+                chosen_usd / best_usd,
+            ),
+        ]
     )
 
 
 def main(argv: list[str]) -> None:
-    path = Path(argv[1]) if len(argv) > 1 else next(p for p in MARKETS if p.exists())
+    paths = [a for a in argv[1:] if a != "--quick"]  # already quick; `make bench` may pass it
+    path = Path(paths[0]) if paths else next(p for p in MARKETS if p.exists())
     offers, factors = load_market(path)
     for job in JOBS:
         print(figure(job, offers, factors))

@@ -15,15 +15,28 @@ import base64
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Case, F, Q, Value, When
+from django.db import connection
 
 from jobs import checkpoints, losses
-from jobs.models import Attempt, AttemptState, LossPoint, loss_sample_every
+from jobs.models import Attempt, AttemptState, Job, LossPoint, loss_sample_every
 from jobs.tokens import token_matches, token_prefix
 from nomadgpu.storage import object_store
 
 ACTIVE = [AttemptState.STARTING, AttemptState.RUNNING]
 LOG_TAIL_LIMIT = 8 * 1024
+
+
+# Every agent call authenticates, so the lookup leaves out what most calls never read: the
+# team (its sealed secrets cost a decryption each) loads on first use, and so does the job's
+# sealed data key (register only).
+AUTH_DEFERRED = ("log_tail", "decision", "job__data_key")
+# A heartbeat comes every 15 s from every host: its lookup reads only what
+# ``record_heartbeat`` reads, with one written-out SELECT (``_heartbeat_lookup``).
+HEARTBEAT_ATTEMPT_FIELDS = frozenset(
+    {"id", "job_id", "number", "state", "end_reason", "token_digest", "pending_command", "step",
+     "last_progress_at", "running_at", "resumed_from_step"}
+)  # fmt: skip
+HEARTBEAT_JOB_FIELDS = frozenset({"id", "heartbeat_interval_s", "stall_timeout_s", "total_steps"})
 
 
 class TokenUnknown(Exception):
@@ -40,11 +53,17 @@ class AttemptNotRentedYet(Exception):
     not stop: stopping would leave the adopted host without an agent."""
 
 
-def authenticate_agent(token: str) -> Attempt:
-    """The live attempt holding TOKEN; raises TokenUnknown, AttemptNotRentedYet or TokenDead."""
-    attempt = (
-        Attempt.objects.select_related("job__team").filter(token_prefix=token_prefix(token)).first()
-    )
+def authenticate_agent(token: str, *, for_heartbeat: bool = False) -> Attempt:
+    """The live attempt holding TOKEN; raises TokenUnknown, AttemptNotRentedYet or TokenDead.
+
+    Loaded: everything but ``AUTH_DEFERRED``, or with FOR_HEARTBEAT only what a heartbeat
+    reads. Other fields load on first use, one query each."""
+    prefix = token_prefix(token)
+    if for_heartbeat:
+        attempt = _heartbeat_lookup(prefix)
+    else:
+        attempts = Attempt.objects.select_related("job").defer(*AUTH_DEFERRED)
+        attempt = attempts.filter(token_prefix=prefix).order_by().first()
     if attempt is None or not token_matches(token, attempt.token_digest):
         raise TokenUnknown
     if attempt.state == AttemptState.REQUESTED:
@@ -52,6 +71,44 @@ def authenticate_agent(token: str) -> Attempt:
     if attempt.state not in ACTIVE:
         raise TokenDead(attempt.end_reason or attempt.state)
     return attempt
+
+
+def _heartbeat_lookup(prefix: str) -> Attempt | None:
+    """The attempt holding PREFIX and its job, with only the heartbeat's fields. Written out:
+    the ORM spent more CPU building this query than Postgres spent running it."""
+    attempt_fields = _fields(Attempt, HEARTBEAT_ATTEMPT_FIELDS)
+    job_fields = _fields(Job, HEARTBEAT_JOB_FIELDS)
+    quote = connection.ops.quote_name
+    columns = [f"a.{quote(f.column)}" for f in attempt_fields]
+    columns += [f"j.{quote(f.column)}" for f in job_fields]
+    # Only names from the models go into the text; the prefix is a parameter.
+    sql = (
+        f"SELECT {', '.join(columns)} FROM {quote(Attempt._meta.db_table)} a "  # noqa: S608
+        f"JOIN {quote(Job._meta.db_table)} j ON j.id = a.job_id WHERE a.token_prefix = %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [prefix])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    values = [_from_db(f, v) for f, v in zip(attempt_fields + job_fields, row, strict=True)]
+    split = len(attempt_fields)
+    attempt = Attempt.from_db(connection.alias, [f.attname for f in attempt_fields], values[:split])
+    attempt.job = Job.from_db(connection.alias, [f.attname for f in job_fields], values[split:])
+    return attempt
+
+
+def _fields(model, names: frozenset[str]) -> list:
+    # In the model's field order: Model.from_db fills the fields it is not given in that order.
+    return [f for f in model._meta.concrete_fields if f.attname in names]
+
+
+def _from_db(field, value):
+    """VALUE as the ORM would load it for FIELD (e.g. SQLite's datetimes made aware)."""
+    col = field.get_col(field.model._meta.db_table)
+    for convert in connection.ops.get_db_converters(col) + field.get_db_converters(connection):
+        value = convert(value, col, connection)
+    return value
 
 
 def heartbeat_deadline(attempt: Attempt, now: datetime) -> datetime:
@@ -134,27 +191,9 @@ def record_heartbeat(attempt: Attempt, beat: Heartbeat, *, now: datetime) -> dic
     deadline = heartbeat_deadline(attempt, now)
     if not beat.gpu_ok or _stalled(attempt, beat, now):
         deadline = now
-    progressed = (
-        Q(step__isnull=True) | Q(step__lt=beat.step) if beat.step is not None else Q(pk=None)
-    )
-    Attempt.objects.filter(pk=attempt.pk, state__in=ACTIVE, last_seq__lt=beat.seq).update(
-        last_seq=beat.seq,
-        last_heartbeat_at=now,
-        heartbeat_deadline=deadline,
-        phase=beat.phase,
-        last_progress_at=Case(When(progressed, then=Value(now)), default=F("last_progress_at")),
-        step=beat.step if beat.step is not None else F("step"),
-        total_steps=beat.total_steps if beat.total_steps is not None else F("total_steps"),
-        loss=beat.loss if beat.loss is not None else F("loss"),
-        seconds_per_step=beat.seconds_per_step,
-        gpu_ok=beat.gpu_ok,
-        gpu_error=beat.gpu_error[:300],
-        bytes_down=beat.bytes_down,
-        bytes_up=beat.bytes_up,
-        log_tail=beat.log_tail[-LOG_TAIL_LIMIT:],
-        # checkpoint_now is delivered once; stop stays until the agent is gone.
-        pending_command=Value("") if command == "checkpoint_now" else F("pending_command"),
-    )
+    # checkpoint_now is delivered once; stop stays until the agent is gone.
+    clear = command == "checkpoint_now"
+    _store_heartbeat(attempt.pk, beat, now=now, deadline=deadline, clear_command=clear)
     if attempt.state == AttemptState.STARTING and beat.phase == "running":
         losses.mark_running(attempt, now=now)
     sample_loss(attempt, beat, now=now)
@@ -178,6 +217,55 @@ def sample_loss(attempt: Attempt, beat: Heartbeat, *, now: datetime) -> bool:
         ignore_conflicts=True,  # a resumed attempt may report a step the old one sampled
     )
     return True
+
+
+# The heartbeat's one guarded UPDATE, written out: building it with the ORM (a CASE, three
+# COALESCEs) cost more CPU than the rest of the request. A missing step, total or loss keeps
+# the stored value; progress is a step above the stored one.
+_HEARTBEAT_UPDATE = """
+UPDATE {table} SET
+    last_seq = %s, last_heartbeat_at = %s, heartbeat_deadline = %s, phase = %s,
+    last_progress_at = CASE WHEN %s AND (step IS NULL OR step < %s) THEN %s
+                       ELSE last_progress_at END,
+    step = COALESCE(%s, step), total_steps = COALESCE(%s, total_steps),
+    loss = COALESCE(%s, loss), seconds_per_step = %s, gpu_ok = %s, gpu_error = %s,
+    bytes_down = %s, bytes_up = %s, log_tail = %s{clear_command}
+WHERE id = %s AND state IN (%s, %s) AND last_seq < %s
+"""
+
+
+def _store_heartbeat(
+    attempt_id: int, beat: Heartbeat, *, now: datetime, deadline: datetime, clear_command: bool
+) -> None:
+    """Write BEAT into the attempt if it is still active and BEAT is newer than the last one."""
+    adapt = connection.ops.adapt_datetimefield_value
+    sql = _HEARTBEAT_UPDATE.format(
+        table=connection.ops.quote_name(Attempt._meta.db_table),
+        clear_command=", pending_command = ''" if clear_command else "",
+    )
+    params = [
+        beat.seq,
+        adapt(now),
+        adapt(deadline),
+        beat.phase,
+        beat.step is not None,
+        beat.step,
+        adapt(now),
+        beat.step,
+        beat.total_steps,
+        beat.loss,
+        beat.seconds_per_step,
+        beat.gpu_ok,
+        beat.gpu_error[:300],
+        beat.bytes_down,
+        beat.bytes_up,
+        beat.log_tail[-LOG_TAIL_LIMIT:],
+        attempt_id,
+        *ACTIVE,
+        beat.seq,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
 
 
 def _stalled(attempt: Attempt, beat: Heartbeat, now: datetime) -> bool:

@@ -18,9 +18,12 @@ from jobs.models import Attempt, Checkpoint, CheckpointState
 from nomadgpu.storage import ObjectStore, object_store
 
 MANIFEST_VERSION = 1
-SINGLE_PUT_LIMIT = 64 * 1024 * 1024  # above this, multipart with parts of PART_SIZE
-PART_SIZE = 64 * 1024 * 1024
+SINGLE_PUT_LIMIT = 64 * 1024 * 1024  # above this, multipart (part size: ``part_size_for``)
+# 16 MB parts, a few in flight, kept pace with boto3's upload_file (8 MB parts, 10 threads);
+# 64 MB parts made the agent wait on each part's round trip (bench/upload.py).
+PART_SIZE = 16 * 1024 * 1024
 MAX_PARTS = 10_000
+MAX_PART_SIZE = 5 * 1024**3  # S3's limit; R2 and MinIO have the same
 
 
 class CheckpointRefused(Exception):
@@ -46,9 +49,16 @@ def parts_needed(size: int, part_size: int = PART_SIZE) -> int:
     return max(1, -(-size // part_size))
 
 
+def part_size_for(size: int) -> int:
+    """The part size of a multipart upload of SIZE bytes: PART_SIZE, or more (in whole MiB)
+    when PART_SIZE would need more than MAX_PARTS parts (objects above ~160 GB)."""
+    mib = 1024 * 1024
+    return max(PART_SIZE, -(-size // MAX_PARTS // mib) * mib)
+
+
 def plan_upload(attempt: Attempt, *, step: int, size: int, encrypted: bool) -> UploadPlan:
     """Create (or reuse, when the agent asks again) the checkpoint row and its upload targets."""
-    if parts_needed(size) > MAX_PARTS:
+    if part_size_for(size) > MAX_PART_SIZE:
         raise CheckpointRefused(f"checkpoint of {size} bytes needs more than {MAX_PARTS} parts")
     store = object_store(attempt.job.team)
     checkpoint = _checkpoint_row(attempt, step=step, size=size, encrypted=encrypted, store=store)
@@ -85,7 +95,7 @@ def _checkpoint_row(
                 size=size,
                 encrypted=encrypted,
                 upload_id=upload_id,
-                part_size=PART_SIZE if upload_id else None,
+                part_size=part_size_for(size) if upload_id else None,
             )
     except IntegrityError:  # the same request twice at once: the other one created it
         return Checkpoint.objects.get(attempt=attempt, step=step)

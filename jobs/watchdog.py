@@ -80,9 +80,14 @@ def nudge_planned(now: datetime) -> int:
     attempt once, so a duplicate message is a no-op."""
     from jobs import tasks
 
-    stale = Attempt.objects.filter(
-        state=AttemptState.PLANNED, created_at__lte=now - grace("RENT_NUDGE_AFTER_S")
-    ).values_list("pk", flat=True)
+    # No ordering: the model's default (by job) joined every attempt to its job for nothing.
+    stale = (
+        Attempt.objects.filter(
+            state=AttemptState.PLANNED, created_at__lte=now - grace("RENT_NUDGE_AFTER_S")
+        )
+        .order_by()
+        .values_list("pk", flat=True)
+    )
     ids = list(stale)
     for attempt_id in ids:
         logger.warning("attempt %s was never claimed; sending its rent message again", attempt_id)
@@ -105,8 +110,11 @@ def provider_poll_due(now: datetime) -> bool:
 
 def find_due_losses(now: datetime) -> list[Loss]:
     """Losses among attempts whose deadline passed (one indexed query), with their causes."""
-    due = Attempt.objects.filter(state__in=ACTIVE, heartbeat_deadline__lte=now).select_related(
-        "job"
+    # Ordered by the deadline, as the index is: the default order (by job) sorted every time.
+    due = (
+        Attempt.objects.filter(state__in=ACTIVE, heartbeat_deadline__lte=now)
+        .select_related("job")
+        .order_by("heartbeat_deadline", "pk")
     )
     return [loss for attempt in due if (loss := cause_of_due(attempt, now)) is not None]
 
@@ -254,5 +262,6 @@ def jobs_needing_a_host(now: datetime) -> list[int]:
         Job.objects.filter(state__in=renting.NEEDS_HOST)
         .exclude(attempts__state__in=LIVE_ATTEMPT_STATES)
         .exclude(next_rent_at__gt=now)
+        .order_by("pk")  # oldest first; the default (-created_at) sorted every time
         .values_list("pk", flat=True)
     )

@@ -97,6 +97,32 @@ def test_a_repeated_or_out_of_order_heartbeat_is_harmless(client):
     assert attempt.last_seq == 5
 
 
+def test_a_heartbeat_without_progress_for_the_stall_timeout_makes_the_attempt_due(client):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs import watchdog
+
+    long_ago = timezone.now() - timedelta(hours=1)
+    job = JobFactory(stall_timeout_s=600)
+    since = {"registered_at": long_ago, "running_at": long_ago, "last_progress_at": long_ago}
+    stuck, stuck_token = make_attempt(job, state="running", step=10, **since)
+    moving, moving_token = make_attempt(
+        JobFactory(stall_timeout_s=600), state="running", step=10, **since
+    )
+
+    call(client, stuck_token, "heartbeat", beat(1, 10))
+    call(client, moving_token, "heartbeat", beat(1, 11))
+
+    now = timezone.now()
+    assert [loss.attempt_id for loss in watchdog.find_due_losses(now)] == [stuck.pk]
+    assert watchdog.find_due_losses(now)[0].cause == "stalled"
+    moving.refresh_from_db()
+    assert moving.heartbeat_deadline > now
+    assert moving.last_progress_at > long_ago
+
+
 def test_a_bad_heartbeat_gets_422_saying_what_is_wrong(client):
     _, token = make_attempt()
 
@@ -170,6 +196,24 @@ def test_a_complete_with_the_wrong_size_is_refused(client, local_storage):
 
     assert response.status_code == 409
     assert "5 bytes" in response.json()["detail"]
+
+
+def test_multipart_parts_are_16_mib_unless_the_object_would_need_more_than_max_parts(
+    client, local_storage
+):
+    _, token = make_attempt()
+    gib, mib = 1024**3, 1024**2
+
+    small = call(client, token, "checkpoints", {"step": 1, "size": gib}).json()["upload"]
+    huge = call(client, token, "checkpoints", {"step": 2, "size": 400 * gib}).json()["upload"]
+
+    assert small["kind"] == "multipart"
+    assert small["part_size"] == 16 * mib
+    assert len(small["parts"]) == 64
+    assert huge["part_size"] % mib == 0
+    assert len(huge["parts"]) <= 10_000
+    assert huge["part_size"] * len(huge["parts"]) >= 400 * gib
+    assert huge["part_size"] * (len(huge["parts"]) - 1) < 400 * gib
 
 
 def test_the_next_attempt_resumes_from_the_newest_ready_checkpoint(client, local_storage):

@@ -163,16 +163,29 @@ def test_unpack_reports_a_damaged_encrypted_checkpoint_as_a_restore_error(tmp_pa
 
 
 class FlakyStorage:
-    """An httpx transport standing in for S3: answers from a script, keeps what it got."""
+    """An httpx transport standing in for S3: answers from a script, keeps what it got. Parts
+    arrive on several threads in any order, so they are kept, and fail, by part number."""
 
-    def __init__(self, *statuses: int) -> None:
+    def __init__(self, *statuses: int, failing_parts: dict[int, int] | None = None) -> None:
         self.statuses = list(statuses)
+        self.failing_parts = dict(failing_parts or {})
         self.bodies: list[bytes] = []
+        self.parts: dict[int, list[bytes]] = {}
+        self._lock = threading.Lock()
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.bodies.append(request.read())
-        status = self.statuses.pop(0) if self.statuses else 200
-        return httpx.Response(status, headers={"ETag": f'"etag-{len(self.bodies)}"'})
+        body = request.read()
+        part = request.url.params.get("partNumber")
+        with self._lock:
+            self.bodies.append(body)
+            if part is None:
+                status = self.statuses.pop(0) if self.statuses else 200
+                etag = f'"etag-{len(self.bodies)}"'
+            else:
+                self.parts.setdefault(int(part), []).append(body)
+                status = self.failing_parts.pop(int(part), 200)
+                etag = f'"etag-{part}"'
+        return httpx.Response(status, headers={"ETag": etag})
 
 
 def upload(tmp_path, storage: FlakyStorage, target: dict) -> ck.Uploaded:
@@ -207,15 +220,51 @@ def test_multipart_sends_fixed_size_parts_and_returns_their_etags(tmp_path, monk
     part_size = 4096
     count = -(-plan.size // part_size)
     parts = [{"part_number": n, "url": f"http://s3/x?partNumber={n}"} for n in range(1, count + 1)]
-    storage = FlakyStorage(200, 500)  # the second part fails once
+    storage = FlakyStorage(failing_parts={2: 500})  # the second part fails once
 
     done = upload(tmp_path, storage, {"kind": "multipart", "part_size": part_size, "parts": parts})
 
-    sent = storage.bodies[:1] + storage.bodies[2:]
-    assert [len(b) for b in sent[:-1]] == [part_size] * (count - 1)
-    assert done.sha256 == hashlib.sha256(b"".join(sent)).hexdigest()
+    assert len(storage.parts[2]) == 2
+    assert storage.parts[2][0] == storage.parts[2][1]  # the retry sent the same bytes
+    stored = [storage.parts[n][-1] for n in range(1, count + 1)]
+    assert [len(b) for b in stored[:-1]] == [part_size] * (count - 1)
+    assert done.sha256 == hashlib.sha256(b"".join(stored)).hexdigest()
     assert [p["part_number"] for p in done.parts] == list(range(1, count + 1))
-    assert done.parts[0]["etag"] == '"etag-1"'
+    assert [p["etag"] for p in done.parts] == [f'"etag-{n}"' for n in range(1, count + 1)]
+
+
+def test_multipart_puts_several_parts_at_once_but_no_more_than_the_limit(tmp_path):
+    plan = ck.plan_tar(make_checkpoint(tmp_path / "probe"))
+    part_size = 1024
+    count = -(-plan.size // part_size)
+    assert count > ck.PARTS_IN_FLIGHT
+    parts = [{"part_number": n, "url": f"http://s3/x?partNumber={n}"} for n in range(1, count + 1)]
+    # The first parts meet here: sent one after the other, the first would wait in vain.
+    together = threading.Barrier(ck.PARTS_IN_FLIGHT, timeout=10)
+    in_flight, most = [0], [0]
+    lock = threading.Lock()
+    storage = FlakyStorage()
+
+    def transport(request: httpx.Request) -> httpx.Response:
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+        if int(request.url.params["partNumber"]) <= ck.PARTS_IN_FLIGHT:
+            together.wait()
+        try:
+            return storage(request)
+        finally:
+            with lock:
+                in_flight[0] -= 1
+
+    done = upload(
+        tmp_path, transport, {"kind": "multipart", "part_size": part_size, "parts": parts}
+    )
+
+    assert most[0] == ck.PARTS_IN_FLIGHT
+    stored = b"".join(storage.parts[n][-1] for n in range(1, count + 1))
+    assert done.sha256 == hashlib.sha256(stored).hexdigest()
+    assert [p["part_number"] for p in done.parts] == list(range(1, count + 1))
 
 
 def test_when_uploads_fall_behind_only_the_newest_pending_checkpoint_is_shipped(tmp_path):
