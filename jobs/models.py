@@ -72,7 +72,17 @@ class Job(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["team", "state"])]
+        indexes = [
+            models.Index(fields=["team", "state"]),
+            # The watchdog's jobs waiting for a host: a handful among many finished jobs.
+            models.Index(
+                fields=["next_rent_at"],
+                condition=models.Q(
+                    state__in=[JobState.QUEUED, JobState.RENTING, JobState.RECOVERING]
+                ),
+                name="job_needs_host_idx",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -193,6 +203,12 @@ class Attempt(models.Model):
                 fields=["heartbeat_deadline"],
                 condition=models.Q(state__in=[AttemptState.STARTING, AttemptState.RUNNING]),
                 name="attempt_due_idx",
+            ),
+            # nudge_planned: planned attempts are few and short-lived.
+            models.Index(
+                fields=["created_at"],
+                condition=models.Q(state=AttemptState.PLANNED),
+                name="attempt_planned_idx",
             ),
         ]
 
