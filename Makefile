@@ -35,6 +35,7 @@ run: $(STAMP) $(DEV_ENV)
 		$(PY) manage.py bootstrap_demo && \
 		echo "" && echo "  NomadGPU portal: http://127.0.0.1:$(PORT)/   (admin: http://127.0.0.1:$(PORT)/admin/)" && \
 		echo "  Sandbox marketplace: http://127.0.0.1:8700/   Ctrl-C stops everything." && echo "" && \
+		SITE_URL="$${SITE_URL:-http://127.0.0.1:$(PORT)}" \
 		PATH="$(CURDIR)/$(VENV)/bin:$$PATH" PORT=$(PORT) $(VENV)/bin/honcho start -f Procfile
 
 # A throwaway key and a var/ of its own, so tests never touch a running `make run`.

@@ -72,8 +72,9 @@ def handle_loss(loss, *, now: datetime) -> bool:
             JobState.RECOVERING,
             now=now,
             kind="host_lost",
-            message=f"host lost ({loss.cause}) at step {attempt.step}; "
-            f"last checkpoint {last_ready}",
+            message=f"host lost ({loss.cause}) "
+            + (f"at step {attempt.step}" if attempt.step is not None else "before training began")
+            + (f"; resumes from checkpoint {last_ready}" if last_ready else "; no checkpoint yet"),
             data={"cause": loss.cause, "step": attempt.step, "last_checkpoint": last_ready},
         )
     return True
