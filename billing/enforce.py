@@ -213,9 +213,9 @@ def release(pause: BudgetPause, *, now: datetime) -> int:
         if not BudgetPause.objects.filter(pk=pause.pk, released_at=None).update(released_at=now):
             return 0
         BudgetReservation.objects.filter(job_id=pause.job_id).delete()
-        job = Job.objects.get(pk=pause.job_id)
+        job = Job.objects.select_for_update().get(pk=pause.job_id)
         if job.state not in ACTIVE_JOB_STATES:
-            return 0
+            return 0  # finished, failed or cancelled meanwhile: nothing to release
         step = newest_ready_step(job.pk)
         spent = job_spend(job, now=now).total
         label = f"{LimitKind(pause.limit).label} limit ${pause.limit_usd}"

@@ -226,7 +226,12 @@ def upload(request, slug: str):
     messages.success(
         request,
         f"Imported {result.charges} charges ({result.items} items) over {result.days} days; "
-        f"{result.matched} matched to attempts.",
+        f"{result.matched} matched to attempts"
+        + (
+            f"; {result.skipped} rows of other teams' instances left out."
+            if result.skipped
+            else "."
+        ),
     )
     return redirect("finance-summary", slug=team.slug)
 

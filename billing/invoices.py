@@ -57,6 +57,7 @@ class ImportResult:
     items: int = 0
     payments: int = 0
     matched: int = 0
+    skipped: int = 0  # CSV rows of other teams' instances on a shared Vast account
 
 
 @dataclass
@@ -285,7 +286,10 @@ def import_csv(team, data: bytes, *, now: datetime) -> ImportResult:
     Raises ``CsvRejected`` listing each bad row by its line number in the file."""
     from billing.reconcile import match_charges
 
-    records = parse_csv(data)
+    parsed = parse_csv(data)
+    # An export of the shared account holds other teams' rentals: never this team's charges.
+    belongs = charge_filter(team)
+    records = [r for r in parsed if belongs(r)]
     with transaction.atomic():
         items = store_charges(team, records, origin=ChargeOrigin.CSV, now=now)
     return ImportResult(
@@ -293,6 +297,7 @@ def import_csv(team, data: bytes, *, now: datetime) -> ImportResult:
         charges=len(records),
         items=items,
         matched=match_charges(team, now=now),
+        skipped=len(parsed) - len(records),
     )
 
 

@@ -278,7 +278,10 @@ def reserve_for_rent(job: Job, *, now: datetime) -> bool:
         estimate = estimate_remaining_usd(job)
         blocker = estimate_blocker(job, estimate, now=now)
     if blocker is not None:
-        _wait_for_budget(job, blocker, now=now)
+        if job.state == JobState.RECOVERING and estimate:
+            _pause_instead_of_waiting(job, blocker, now=now)
+        else:
+            _wait_for_budget(job, blocker, now=now)
         return False
     BudgetReservation.objects.update_or_create(
         job=job,
@@ -290,6 +293,23 @@ def reserve_for_rent(job: Job, *, now: datetime) -> bool:
         },
     )
     return True
+
+
+def _pause_instead_of_waiting(job: Job, why: str, *, now: datetime) -> None:
+    """A job that lost its host and whose remaining run no longer fits a limit is paused, not
+    left recovering with no host: it shows as paused_budget and an admin can resume it after
+    raising the limit (or in a new period). It has no live attempt, so nothing to release."""
+    from jobs import losses
+
+    losses.release_job(
+        job.pk,
+        to=JobState.PAUSED_BUDGET,
+        now=now,
+        kind="budget_paused",
+        reason="budget",
+        message=f"paused while recovering: {why}; raise the limit and resume",
+        data={"blocker": why},
+    )
 
 
 def _wait_for_budget(job: Job, why: str, *, now: datetime) -> None:

@@ -203,6 +203,9 @@ def release_job(
             job_id=job_id, state__in=[*ACTIVE, AttemptState.PLANNED, AttemptState.REQUESTED]
         ).values_list("pk", flat=True):
             close_attempt(attempt_id, reason=reason, now=now)
-        Interruption.objects.filter(job_id=job_id, running_again_at=None).update(
-            cancelled_before_recovery=True
-        )
+        if to == JobState.CANCELLED:
+            # A budget pause leaves it open: the job resumes later and the interruption then
+            # closes as a recovery (a long one), which is what the status page should count.
+            Interruption.objects.filter(job_id=job_id, running_again_at=None).update(
+                cancelled_before_recovery=True
+            )

@@ -521,3 +521,20 @@ def test_resume_is_refused_while_the_rest_of_the_run_would_cross_the_limit(cast,
         services.resume_job(job, by="alice", now=NOW + timedelta(minutes=1))
 
     assert state(job) == "paused_budget"
+
+
+def test_a_job_that_lost_its_host_and_no_longer_fits_its_limit_is_paused_not_stranded(cast):
+    # $1.73 spent on a lost H100 host; the rest of the run ($0.45 on the reference host) would
+    # cross the job's $2 limit, so no replacement is rented and the job does not sit in
+    # recovering with no host: it is paused and can be resumed after the limit is raised.
+    job, attempt = running_job(cast.team_a, since=NOW - timedelta(hours=1), budget_usd=2)
+    Attempt.objects.filter(pk=attempt.pk).update(state="ended", ended_at=NOW)
+    Job.objects.filter(pk=job.pk).update(state="recovering")
+
+    planned = renting.plan_rent(job.pk, now=NOW)
+
+    assert planned is None
+    assert state(job) == "paused_budget"
+    [paused] = events(job, "budget_paused")
+    assert "job limit $2.00" in paused.message
+    assert not job.attempts.exclude(pk=attempt.pk).exists()

@@ -138,8 +138,18 @@ GOOD = (
 
 
 @pytest.mark.django_db
+def test_a_shared_account_export_keeps_only_the_teams_own_instances():
+    team = TeamFactory()  # on the server's shared key: instance 7 is not one of its rentals
+
+    result = invoices.import_csv(team, (HEADER + GOOD).encode(), now=NOW)
+
+    assert (result.charges, result.skipped) == (0, 1)
+    assert not Charge.objects.filter(team=team).exists()
+
+
+@pytest.mark.django_db
 def test_a_csv_export_is_imported_as_one_charge_with_its_items():
-    team = TeamFactory()
+    team = TeamFactory(vast_api_key="own-account")  # the account is the team's: every row
 
     result = invoices.import_csv(team, (HEADER + GOOD).encode(), now=NOW)
 
