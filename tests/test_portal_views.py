@@ -257,6 +257,20 @@ def test_a_finished_jobs_live_region_stops_polling(member_client, cast):
     assert "every 3s" not in html
 
 
+def test_a_poll_refreshes_the_buttons_so_a_finished_job_loses_cancel(member_client, cast):
+    job, _ = running_job(cast.team_a)
+    url = reverse("job-detail", args=[job.id])
+    live = member_client.get(url, **HX).content.decode()
+    Job.objects.filter(pk=job.pk).update(state="succeeded")
+
+    done = member_client.get(url, **HX).content.decode()
+
+    assert 'id="job-actions" hx-swap-oob="true"' in live
+    assert "Cancel job" in live
+    assert 'id="job-actions" hx-swap-oob="true"' in done
+    assert "Cancel job" not in done
+
+
 def test_job_page_draws_loss_and_spend_charts(member_client, cast):
     job, _ = running_job(cast.team_a, created_at=timezone.now() - timedelta(minutes=11))
     for step, loss in [(0, 2.0), (30, 1.2), (60, 0.8)]:
