@@ -27,7 +27,7 @@ from hosts.vast import VastError
 from jobs import job_status, losses, services
 from jobs.drill import DrillError, destroy_running_host
 from jobs.models import Job
-from jobs.spec import JobSpec, submit_spec
+from jobs.spec import JOB_TEMPLATES, JobSpec, submit_spec, template_spec
 from nomadgpu import api_tokens
 from nomadgpu.models import Team
 from nomadgpu.permissions import (
@@ -245,6 +245,18 @@ def submit(request: HttpRequest, payload: SubmitIn):
     except BudgetExceeded as exc:  # nothing was created; the message carries the numbers
         raise HttpError(409, str(exc)) from exc
     return Status(201, job_detail_out(_job_or_404(request, job.pk), now=now))
+
+
+@router.get("/templates/{name}", response=dict[str, Any])
+def job_template(request: HttpRequest, name: str):
+    """A ready-made job spec (``toy`` for the sandbox, ``qlora`` the field report's job), as
+    this server resolves it: the toy's command points at this checkout's interpreter."""
+    try:
+        return template_spec(name)
+    except KeyError:
+        raise HttpError(
+            404, f"no template {name!r}; there are: {', '.join(JOB_TEMPLATES)}"
+        ) from None
 
 
 @router.get("/", response=list[JobOut])

@@ -1,6 +1,6 @@
 """``nomadgpu``: the member API from a terminal (argparse + httpx, no Django).
 
-    nomadgpu submit job.toml [--team T] [--follow]
+    nomadgpu submit job.toml|--template NAME [--team T] [--follow]
     nomadgpu status [JOB]
     nomadgpu logs JOB [-f]
     nomadgpu cancel JOB
@@ -172,7 +172,9 @@ def read_job_file(path: str) -> dict:
 
 
 def cmd_submit(api: Api, args: argparse.Namespace) -> int:
-    spec = read_job_file(args.file)
+    if (args.file is None) == (args.template is None):
+        raise CliError("give a job file or --template NAME (one of them)", EXIT_REFUSED)
+    spec = read_job_file(args.file) if args.file else api.get(f"/jobs/templates/{args.template}")
     if args.team:
         spec["team"] = args.team
     job = api.post("/jobs/", spec)
@@ -383,8 +385,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--poll", type=float, default=1.0, help="seconds between polls when following")
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("submit", help="submit a job file (TOML)")
-    s.add_argument("file")
+    s = sub.add_parser("submit", help="submit a job file (TOML) or a server template")
+    s.add_argument("file", nargs="?")
+    s.add_argument("--template", help="a template of the server instead of a file: toy, qlora")
     s.add_argument("--team", help="team slug (needed when you belong to several)")
     s.add_argument("--follow", "-f", action="store_true", help="show progress and events")
     s.set_defaults(run=cmd_submit)

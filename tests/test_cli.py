@@ -93,6 +93,24 @@ def test_submit_sends_the_toml_file_and_prints_the_job(run, job_file, cast):
     assert (job.team, job.created_by, job.env) == (cast.team_a, cast.member, {"LR": "2e-4"})
 
 
+def test_submit_template_uses_the_servers_spec(run):
+    code, out, _ = run("submit", "--template", "toy")
+
+    job = Job.objects.get()
+    assert code == 0
+    assert out.startswith(f"submitted job {job.pk} (toy) to team-a:")
+    assert job.command.endswith("examples/toy/train.py")  # resolved by the server
+    assert job.total_steps == 300
+
+
+def test_submit_of_an_unknown_template_says_which_exist(run):
+    code, _, err = run("submit", "--template", "nope")
+
+    assert code == cli.EXIT_REFUSED
+    assert "toy, qlora" in err
+    assert not Job.objects.exists()
+
+
 def test_submit_lists_the_fields_the_server_refused(run, tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text(JOB_TOML.replace('gpu_names = ["RTX 4090"]', "num_gpus = 0\nmin_reliabilty = 1"))
