@@ -338,66 +338,44 @@ def report(destroys: list[Drill], freezes: list[Drill], first: dict, timing: Tim
         "causes: "
         + ", ".join(f"{c} {sum(d.cause == c for d in destroys + freezes)}" for c in causes)
     )
-    rows = []
-    for name, stat in (("median", median), ("p90", p90)):
-        value = stat(detection)
-        rows.append(
-            line(
-                f"destroy → detected, {name}", secs(value), f"heartbeat interval {hb} s", value / hb
-            )
-        )
-    for name, stat in (("median", median), ("p90", p90)):
-        if confirmed:
-            value = stat(confirmed)
-            rows.append(
-                line(
-                    f"provider-confirmed detection, {name}",
-                    secs(value),
-                    f"{DETECTION_GOAL_S:g} s goal scaled = {goal:.2f} s",
-                    value / goal,
-                )
-            )
-    for name, stat in (("median", median), ("p90", p90)):
-        value = stat(rerent)
-        rows.append(
-            line(
-                f"detected → replacement rented, {name}",
-                f"{value:6.2f} s",
-                f"first rent in this run {first['rent']:.2f} s",
-                value / first["rent"],
-            )
-        )
-    for name, stat in (("median", median), ("p90", p90)):
-        value = stat(running)
-        rows.append(
-            line(
-                f"destroy → running again, {name}",
-                f"{value:6.2f} s",
-                f"first start in this run {first['start']:.2f} s",
-                value / first["start"],
-            )
-        )
-    for name, stat in (("median", median), ("p90", p90)):
-        value = stat(frozen)
-        rows.append(
-            line(
-                f"freeze → detected, {name}",
-                secs(value),
-                f"heartbeat timeout {timeout_hb} hb = {timeout_hb * hb} s",
-                value / (timeout_hb * hb),
-            )
-        )
-    for name, stat in (("median", median), ("p90", p90)):
-        if silent:
-            value = stat(silent)
-            rows.append(
-                line(
-                    f"last heartbeat → freeze detected, {name}",
-                    secs(value),
-                    f"heartbeat timeout {timeout_hb} hb = {timeout_hb * hb} s",
-                    value / (timeout_hb * hb),
-                )
-            )
+
+    def plain(s: float) -> str:
+        return f"{s:6.2f} s"
+
+    timeout = f"heartbeat timeout {timeout_hb} hb = {timeout_hb * hb} s"
+    # (figure, samples, how a value prints, baseline text, baseline value)
+    figures = [
+        ("destroy → detected", detection, secs, f"heartbeat interval {hb} s", hb),
+        (
+            "provider-confirmed detection",
+            confirmed,
+            secs,
+            f"{DETECTION_GOAL_S:g} s goal scaled = {goal:.2f} s",
+            goal,
+        ),
+        (
+            "detected → replacement rented",
+            rerent,
+            plain,
+            f"first rent in this run {first['rent']:.2f} s",
+            first["rent"],
+        ),
+        (
+            "destroy → running again",
+            running,
+            plain,
+            f"first start in this run {first['start']:.2f} s",
+            first["start"],
+        ),
+        ("freeze → detected", frozen, secs, timeout, timeout_hb * hb),
+        ("last heartbeat → freeze detected", silent, secs, timeout, timeout_hb * hb),
+    ]
+    rows = [
+        line(f"{figure}, {name}", show(stat(samples)), baseline, stat(samples) / base)
+        for figure, samples, show, baseline, base in figures
+        if samples
+        for name, stat in (("median", median), ("p90", p90))
+    ]
     print("\n".join(rows))
     print(
         "in production seconds (x "

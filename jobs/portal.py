@@ -82,7 +82,7 @@ def progress_of(job: Job, attempt: Attempt | None) -> Progress:
     return Progress(step, total, speed)
 
 
-def projected_cost(job: Job, *, now: datetime, spend: Spend, progress: Progress) -> float:
+def projected_cost(job: Job, *, now: datetime, spend: Spend) -> float:
     """Expected total cost of the job (``billing.spend.projected_total``; spend for a finished
     one)."""
     if services.is_terminal(job.state):
@@ -129,7 +129,7 @@ def job_row(job: Job, *, now: datetime) -> JobRow:
         attempt=attempt,
         progress=progress,
         spend=spend,
-        projected=projected_cost(job, now=now, spend=spend, progress=progress),
+        projected=projected_cost(job, now=now, spend=spend),
         interruptions=interruptions,
     )
 
