@@ -198,13 +198,16 @@ def follow_job(
     cursor = after
     try:
         while True:
+            # The job first, then its events: a stop read here was committed with its event,
+            # so the events asked for next include it (read the other way round, a job that
+            # finished between the two reads ended the follow without its last event).
+            job = api.get(f"/jobs/{job_id}")
             page = api.get(f"/jobs/{job_id}/events", after=cursor)
             for event in page["events"]:
                 screen.line(event_line(event))
                 if until and until(event):
                     return EXIT_OK
             cursor = page["cursor"]
-            job = api.get(f"/jobs/{job_id}")
             screen.progress(progress_bar(job))
             if job["state"] in STOPPED and not page["events"]:
                 code = finish(job, screen)
