@@ -463,13 +463,16 @@ def test_the_admin_action_resumes_and_says_why_not(
 
 def test_the_banner_shows_limits_past_80_percent_to_the_team(client, cast):
     limits(cast.team_a, daily_usd=2)
-    _job, _ = running_job(cast.team_a, since=datetime.now(UTC) - timedelta(hours=1))
-    enforce.enforce_budgets(now=datetime.now(UTC))
+    # Noon: the job's hour of spend lies inside today's period. On the real clock this failed
+    # in the first hour after midnight, when part of that hour belonged to yesterday.
+    _job, _ = running_job(cast.team_a, since=NOW - timedelta(hours=1))
+    with time_machine.travel(NOW, tick=False):
+        enforce.enforce_budgets(now=NOW)
 
-    client.force_login(cast.member)
-    page = client.get(reverse("dashboard")).content.decode()
-    client.force_login(cast.outsider)
-    other = client.get(reverse("dashboard")).content.decode()
+        client.force_login(cast.member)
+        page = client.get(reverse("dashboard")).content.decode()
+        client.force_login(cast.outsider)
+        other = client.get(reverse("dashboard")).content.decode()
 
     assert "Daily limit $2.00: 80 % reached" in page
     assert "budget-banner" not in other
