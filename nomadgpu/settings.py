@@ -125,6 +125,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA busy_timeout=10000;",
     }
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Django turns psycopg's prepared statements off (None); a threshold no statement reaches
+    # turns them back on for the one statement that asks with prepare=True, the heartbeat's
+    # (jobs.agent_services). Django's own cursors bind on the client and never prepare.
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("prepare_threshold", 2**31 - 1)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -9,6 +9,8 @@ admin.site.site_header = "NomadGPU administration"
 admin.site.site_title = "NomadGPU"
 
 urlpatterns = [
+    # First: every agent's heartbeat resolves here, before the portal's includes are tried.
+    path("api/", api.urls),
     path("", views.dashboard, name="dashboard"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
@@ -19,7 +21,6 @@ urlpatterns = [
     path("", include("billing.urls")),
     path("finance/", include("billing.finance_urls")),
     path("admin/", admin.site.urls),
-    path("api/", api.urls),
     path("status/", include("statuspage.urls")),
     path("storage/<path:key>", storage_views.local_object, name="local-object"),
 ]

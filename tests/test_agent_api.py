@@ -52,6 +52,19 @@ def test_the_token_of_an_ended_attempt_gets_410_saying_stop(client):
     assert "host lost" in response.json()["detail"]
 
 
+def test_a_heartbeat_with_the_right_prefix_but_a_wrong_secret_gets_401_and_writes_nothing(client):
+    attempt, token = make_attempt(state="running")
+    forged = token[:-4] + ("AAAA" if not token.endswith("AAAA") else "BBBB")
+
+    response = call(client, forged, "heartbeat", beat(7, 70, log_tail="forged"))
+    attempt.refresh_from_db()
+
+    assert response.status_code == 401
+    assert attempt.last_seq == -1
+    assert attempt.step is None
+    assert attempt.log_tail == ""
+
+
 def test_register_tells_the_agent_what_to_run(client):
     job = JobFactory(command="python train.py", env={"LR": "2e-4"}, heartbeat_interval_s=10)
     attempt, token = make_attempt(job)
