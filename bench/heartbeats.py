@@ -1,9 +1,9 @@
 """Benchmark: agent heartbeats per second on the production web stack.
 
 Usage: ``python bench/heartbeats.py [--quick] [--agents N] [--clients P] [--conns C]
-[--seconds S] [--rounds R] [--profile]`` (about a minute; ``--quick`` about 30 s). Needs Postgres at
-``BENCH_PG_URL`` (default ``postgres://postgres@127.0.0.1:5432``): the bench creates a fresh
-``bench_hb_<pid>`` database, migrates it and drops it at the end.
+[--seconds S] [--rounds R] [--profile]`` (about a minute; ``--quick`` about 30 s). Needs
+Postgres at ``BENCH_PG_URL`` (default ``postgres://postgres@127.0.0.1:5432``): the bench creates
+a fresh ``bench_hb_<pid>`` database, migrates it and drops it at the end.
 
 The stack is production's: gunicorn started with the web command of ``docker-compose.yml``
 (only the bind address changed), ``DEBUG=0``, Postgres, ``conn_max_age`` as configured.
@@ -16,9 +16,9 @@ Baseline, same run and stack: ``/bench/touch`` (``bench/support/site_urls.py``, 
 the bench's settings module), a plain Django view that parses the JSON body and updates one
 row by primary key. The two alternate, R rounds of a baseline phase then a heartbeat phase; the
 ratio is the median of the rounds' ratios. Printed: heartbeats/s, baseline req/s, the ratio,
-p50/p99 latency, and
-where the CPU went (gunicorn, Postgres, the client processes, the machine as a whole): on a
-small machine the client shares the cores with the server, and the line says how much.
+p50/p99 latency, and where the CPU went (gunicorn, Postgres, the client processes, the machine
+as a whole): on a small machine the client shares the cores with the server, and the line says
+how much.
 
 ``--profile`` runs the heartbeat path in-process under cProfile (Django's test client, same
 settings and database) and prints the top functions instead of the load test.
@@ -553,7 +553,7 @@ def report(hbs: list[Phase], bases: list[Phase], args, workers: str) -> None:
             f"one-row UPDATE view {base.rate:.0f} req/s",
             ratio,
         )
-        + f"  (median of rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
+        + f"  (rounds, lowest first: {', '.join(f'{r:.2f}' for r in ratios)})"
     )
     print(
         line(

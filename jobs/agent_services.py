@@ -104,6 +104,8 @@ class _Layout:
 
 @functools.cache
 def _layout_for(vendor: str) -> _Layout:
+    # The converters come from whichever connection asks first; they read only settings (the
+    # time zone), so every connection of the vendor can share them.
     attempt_fields = _fields(Attempt, HEARTBEAT_ATTEMPT_FIELDS)
     job_fields = _fields(Job, HEARTBEAT_JOB_FIELDS)
     converters = []
