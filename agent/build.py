@@ -8,7 +8,9 @@ Standard library only.  CLI: ``python -m agent.build OUT.pyz`` prints the sha256
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -24,18 +26,28 @@ def package_files() -> list[Path]:
 
 
 def build_zipapp(out_path: str | Path) -> Path:
+    """Write the zipapp to OUT_PATH atomically.
+
+    Several worker processes may build the same file at once after a deploy: each writes its
+    own temporary file in the target folder and renames it into place, so a reader sees either
+    no file or a whole one, and the last rename wins with identical bytes."""
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    with tmp.open("wb") as raw:
-        raw.write(SHEBANG)
-        with zipfile.ZipFile(raw, "w", compression=zipfile.ZIP_STORED) as zf:
-            _add(zf, "__main__.py", ENTRY.encode())
-            for path in package_files():
-                name = "agent/" + path.relative_to(PACKAGE_DIR).as_posix()
-                _add(zf, name, path.read_bytes())
-    tmp.chmod(0o755)
-    tmp.replace(out)
+    fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            raw.write(SHEBANG)
+            with zipfile.ZipFile(raw, "w", compression=zipfile.ZIP_STORED) as zf:
+                _add(zf, "__main__.py", ENTRY.encode())
+                for path in package_files():
+                    name = "agent/" + path.relative_to(PACKAGE_DIR).as_posix()
+                    _add(zf, name, path.read_bytes())
+        tmp.chmod(0o755)
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return out
 
 

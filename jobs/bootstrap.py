@@ -4,7 +4,6 @@ agent itself as one zipapp, built once per code version and served by the web pr
 from __future__ import annotations
 
 import hashlib
-import threading
 from functools import lru_cache
 from pathlib import Path
 
@@ -14,7 +13,6 @@ from django.template.loader import render_to_string
 from jobs.models import Attempt
 
 AGENT_DEPENDENCIES = ("httpx==0.28.1", "cryptography==50.0.2")
-_build_lock = threading.Lock()
 
 
 def agent_source_digest() -> str:
@@ -28,16 +26,15 @@ def agent_source_digest() -> str:
 
 
 def agent_zipapp_path() -> Path:
-    """The built agent.pyz for the current source (built on first use, then reused)."""
+    """The built agent.pyz for the current source (built on first use, then reused).
+
+    No lock: worker processes that race here each build a whole file and rename it into place
+    (``build_zipapp``), so the loser's rename replaces identical bytes."""
     from agent.build import build_zipapp
 
     out = settings.VAR_DIR / "agent" / f"agent-{agent_source_digest()}.pyz"
-    with _build_lock:
-        if not out.exists():
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_suffix(".building")
-            build_zipapp(tmp)
-            tmp.replace(out)
+    if not out.exists():
+        build_zipapp(out)
     return out
 
 

@@ -38,9 +38,6 @@ logger = logging.getLogger(__name__)
 
 NEEDS_HOST = (JobState.QUEUED, JobState.RENTING, JobState.RECOVERING)
 MAX_CREATE_TRIES = 5
-# Defaults of the settings RENT_BACKOFF_START_S and RENT_BACKOFF_CAP_S (whole seconds).
-BACKOFF_START_S = 15
-BACKOFF_CAP_S = 300
 
 
 def label_for(job: Job, number: int) -> str:
@@ -117,7 +114,13 @@ def speed_book(job: Job, offers: list[Offer]) -> selection.SpeedBook:
 
 
 def rent(attempt_id: int, *, now: datetime, client: VastClient | None = None) -> str:
-    """Claim a planned attempt, choose an offer and create its instance; say what happened."""
+    """Claim a planned attempt, choose an offer and create its instance; say what happened.
+
+    Any unexpected error after the claim closes the attempt at once and backs the job off
+    (``give_up_renting``), so the job is rented again at its next turn instead of holding a
+    ``requested`` attempt until ``REQUESTED_GRACE_S``. If the error came after the create was
+    accepted, the instance carries the closed attempt's label and the orphan reaper destroys it.
+    """
     token = issue_token()
     claimed = Attempt.objects.filter(pk=attempt_id, state=AttemptState.PLANNED).update(
         state=AttemptState.REQUESTED,
@@ -128,8 +131,21 @@ def rent(attempt_id: int, *, now: datetime, client: VastClient | None = None) ->
     if not claimed:
         return "not-planned"  # a duplicate message, or the job was cancelled meanwhile
     attempt = Attempt.objects.select_related("job__team").get(pk=attempt_id)
+    own_client = client is None
+    try:
+        client = client or VastClient.from_settings(attempt.job.team)
+        return _choose_and_create(attempt, token.token, client=client, now=now)
+    except Exception as exc:
+        logger.exception("renting %s failed", attempt)
+        why = f"renting failed ({type(exc).__name__}: {exc}); trying again"
+        return give_up_renting(attempt, now=now, why=why, end_reason="rent_error")
+    finally:
+        if own_client and client is not None:
+            client.close()
+
+
+def _choose_and_create(attempt: Attempt, token: str, *, client: VastClient, now: datetime) -> str:
     job = attempt.job
-    client = client or VastClient.from_settings(job.team)
     req, profile = requirements_for(job), profile_for(job)
     try:
         offers = client.search_offers(selection.vast_query(req), allocated_storage=req.disk_gb)
@@ -138,7 +154,7 @@ def rent(attempt_id: int, *, now: datetime, client: VastClient | None = None) ->
     decision = selection.choose_offer(offers, req, profile, speed_book(job, offers))
     if decision is None:
         return give_up_renting(attempt, now=now, why="no offer matches the requirements")
-    onstart = render_bootstrap(attempt, token=token.token)
+    onstart = render_bootstrap(attempt, token=token)
     for candidate in decision.candidates[:MAX_CREATE_TRIES]:
         offer = candidate.offer
         try:
@@ -245,15 +261,16 @@ def note_machine_rented(attempt: Attempt) -> None:
     )
 
 
-def give_up_renting(attempt: Attempt, *, now: datetime, why: str) -> str:
+def give_up_renting(
+    attempt: Attempt, *, now: datetime, why: str, end_reason: str = "no_offers"
+) -> str:
     """Close the attempt, keep the job renting, back off with a cap; tell people once."""
     with transaction.atomic():
         Attempt.objects.filter(
             pk=attempt.pk, state__in=[AttemptState.PLANNED, AttemptState.REQUESTED]
-        ).update(state=AttemptState.ENDED, end_reason="no_offers", ended_at=now)
+        ).update(state=AttemptState.ENDED, end_reason=end_reason, ended_at=now)
         job = Job.objects.get(pk=attempt.job_id)
-        start = int(getattr(settings, "RENT_BACKOFF_START_S", BACKOFF_START_S))
-        cap = int(getattr(settings, "RENT_BACKOFF_CAP_S", BACKOFF_CAP_S))
+        start, cap = settings.RENT_BACKOFF_START_S, settings.RENT_BACKOFF_CAP_S
         backoff = min(max(job.rent_backoff_s * 2, start), cap)
         Job.objects.filter(pk=job.pk).update(
             rent_backoff_s=backoff, next_rent_at=now + timedelta(seconds=backoff)

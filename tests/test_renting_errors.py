@@ -1,0 +1,74 @@
+"""Renting never leaves an attempt stuck ``requested``: an unexpected error closes it at once and
+the job is rented again at its next turn (against the sandbox over HTTP)."""
+
+from __future__ import annotations
+
+import multiprocessing
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from agent.build import build_zipapp
+from hosts.vast import VastClient
+from jobs import renting
+from jobs.models import AttemptState, JobEvent
+from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS
+from tests.factories import JobFactory
+from tests.sandbox_support import DEFAULT_KEY
+
+
+@pytest.mark.django_db
+def test_an_error_while_renting_closes_the_attempt_at_once_and_the_job_is_rented_next_turn(
+    sandbox, settings, monkeypatch
+):
+    settings.RENT_BACKOFF_START_S = 15
+    job = JobFactory(requirements=FIELD_REPORT_REQUIREMENTS)
+    now = timezone.now()
+
+    def broken_build(*args, **kwargs):
+        raise FileNotFoundError("agent-0123.pyz.tmp")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(renting, "render_bootstrap", broken_build)
+        attempt = renting.plan_rent(job.pk, now=now)
+        with VastClient(DEFAULT_KEY, sandbox.url) as client:
+            assert renting.rent(attempt.pk, now=now, client=client) == "no-offers"
+            assert client.list_instances() == []  # nothing was created, so nothing bills
+
+    attempt.refresh_from_db()
+    job.refresh_from_db()
+    assert (attempt.state, attempt.end_reason) == (AttemptState.ENDED, "rent_error")
+    assert job.next_rent_at == now + timedelta(seconds=15)
+    said = JobEvent.objects.get(job=job, kind="no_offers").message
+    assert "FileNotFoundError" in said
+
+    later = now + timedelta(seconds=15)
+    retry = renting.plan_rent(job.pk, now=later)
+    with VastClient(DEFAULT_KEY, sandbox.url) as client:
+        assert renting.rent(retry.pk, now=later, client=client) == "rented"
+    assert retry.number == 2
+
+
+def _build_many(path: str, barrier, times: int) -> None:
+    barrier.wait()
+    for _ in range(times):
+        build_zipapp(path)
+
+
+def test_worker_processes_building_the_agent_at_once_all_succeed(tmp_path):
+    # Each prefork worker process builds agent.pyz on its first rent after a deploy.
+    out = tmp_path / "agent" / "agent-0123.pyz"
+    processes = 4
+    barrier = multiprocessing.Barrier(processes)
+    workers = [
+        multiprocessing.Process(target=_build_many, args=(str(out), barrier, 40))
+        for _ in range(processes)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+    assert [w.exitcode for w in workers] == [0] * processes
+    assert sorted(p.name for p in out.parent.iterdir()) == ["agent-0123.pyz"]  # no leftovers
+    assert build_zipapp(tmp_path / "ref.pyz").read_bytes() == out.read_bytes()
