@@ -33,17 +33,12 @@ logger = logging.getLogger(__name__)
 WATCHDOG = "watchdog"
 ACTIVE = [AttemptState.STARTING, AttemptState.RUNNING]
 LOST_STATUSES = frozenset({"exited", "offline"})
-# Defaults of the settings of the same names (seconds).
-ADOPT_AFTER_S = 30  # a create still in flight is left alone this long before adopting
-REQUESTED_GRACE_S = 300  # a create never seen after this long is given up
-ORPHAN_GRACE_S = 120  # a labelled instance nobody owns may live this long (a create in flight)
-RENT_NUDGE_AFTER_S = 30  # a planned attempt nobody claimed by then lost its rent message
 
 
-def grace(name: str) -> timedelta:
-    """The grace period NAME (e.g. ``"ORPHAN_GRACE_S"``): the Django setting if there is one,
-    else this module's default. Settings, so tests and drills can shorten them."""
-    return timedelta(seconds=float(getattr(settings, name, globals()[name])))
+def grace(seconds: float) -> timedelta:
+    """A grace period from its setting (``ADOPT_AFTER_S``, ``ORPHAN_GRACE_S``, ...): all are
+    environment variables, so operators, drills and tests can shorten them."""
+    return timedelta(seconds=seconds)
 
 
 def record_tick(*, now: datetime) -> None:
@@ -83,7 +78,7 @@ def nudge_planned(now: datetime) -> int:
     # No ordering: the model's default (by job) joined every attempt to its job for nothing.
     stale = (
         Attempt.objects.filter(
-            state=AttemptState.PLANNED, created_at__lte=now - grace("RENT_NUDGE_AFTER_S")
+            state=AttemptState.PLANNED, created_at__lte=now - grace(settings.RENT_NUDGE_AFTER_S)
         )
         .order_by()
         .values_list("pk", flat=True)
@@ -223,7 +218,7 @@ def note_provider_status(attempt: Attempt, instance: Instance | None) -> None:
 def adopt_or_close(attempt: Attempt, instance: Instance | None, now: datetime) -> None:
     """A create whose outcome was unknown: adopt the labelled instance, or give up after grace."""
     requested = attempt.requested_at or attempt.created_at
-    if now - requested < grace("ADOPT_AFTER_S"):
+    if now - requested < grace(settings.ADOPT_AFTER_S):
         return  # the renting worker may still be waiting for the create call
     if instance is not None:
         logger.info("adopting instance %s for %s by its label", instance.id, attempt)
@@ -234,13 +229,13 @@ def adopt_or_close(attempt: Attempt, instance: Instance | None, now: datetime) -
             decision={"adopted": True},
             now=now,
         )
-    elif now - requested >= grace("REQUESTED_GRACE_S"):
+    elif now - requested >= grace(settings.REQUESTED_GRACE_S):
         renting.give_up_renting(attempt, now=now, why="instance creation never completed")
 
 
 def reap_orphans(client: VastClient, instances: list[Instance], owned: set, now: datetime) -> None:
     """Destroy our labelled instances that no live attempt owns, after a grace period."""
-    orphan_grace = grace("ORPHAN_GRACE_S")
+    orphan_grace = grace(settings.ORPHAN_GRACE_S)
     for instance in instances:
         if renting.parse_label(instance.label) is None:
             continue  # not ours (or another environment's): never touched

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import sys
 
-from django.core.checks import Error, register
+from django.core.checks import Error, Tags, Warning, register
 from django.db import DatabaseError
+from django.utils import timezone
 
 from nomadgpu import crypto
 
@@ -64,6 +65,24 @@ def encryption_key_check(app_configs=None, **kwargs) -> list[Error]:
     if problem is None:
         return []
     return [Error(problem, id="nomadgpu.E001")]
+
+
+@register(Tags.database)
+def watchdog_lag_check(app_configs=None, **kwargs) -> list[Warning]:
+    """Run by ``manage.py check --database default`` (and ``migrate``): the watchdog is behind."""
+    from nomadgpu.health import watchdog_lag_problem
+
+    try:
+        problem = watchdog_lag_problem(now=timezone.now())
+    except DatabaseError:
+        return []  # not migrated yet: nothing has ticked
+    if problem is None:
+        return []
+    hint = (
+        "Lost hosts are not being noticed. Check that exactly one `celery beat` runs, that a "
+        "worker consumes the broker, and their logs; a stopped supervisor shows this too."
+    )
+    return [Warning(problem, hint=hint, id="nomadgpu.W010")]
 
 
 def verify_sealed_secrets_or_exit() -> None:

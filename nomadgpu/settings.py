@@ -181,7 +181,11 @@ FIELD_ENCRYPTION_KEYS = envlist("FIELD_ENCRYPTION_KEY", "")
 # --- Celery ------------------------------------------------------------------------------
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", "filesystem://")
 BROKER_DIR = VAR_DIR / "broker"
-if CELERY_BROKER_URL.startswith("filesystem://"):
+# How often a worker looks for new messages on a polling broker (the embedded filesystem one):
+# a tick waits up to this long before a worker sees it. Redis pushes, so it has no such delay.
+BROKER_POLLING_INTERVAL_S = envfloat("BROKER_POLLING_INTERVAL_S", 0.1)
+BROKER_IS_POLLED = CELERY_BROKER_URL.startswith("filesystem://")
+if BROKER_IS_POLLED:
     for sub in ("out", "processed", "control"):
         (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
@@ -190,6 +194,7 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "processed_folder": str(BROKER_DIR / "processed"),
         "control_folder": str(BROKER_DIR / "control"),
         "store_processed": False,
+        "polling_interval": BROKER_POLLING_INTERVAL_S,
     }
 else:
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
@@ -202,6 +207,14 @@ CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 WATCHDOG_INTERVAL_S = envfloat("WATCHDOG_INTERVAL_S", 5.0)
+# The watchdog's own grace periods (jobs.watchdog) and the re-rent backoff (jobs.renting).
+# Drills and tests shorten them; production rarely needs to.
+ADOPT_AFTER_S = envfloat("ADOPT_AFTER_S", 30.0)  # a create in flight is left alone this long
+REQUESTED_GRACE_S = envfloat("REQUESTED_GRACE_S", 300.0)  # a create never seen: given up
+ORPHAN_GRACE_S = envfloat("ORPHAN_GRACE_S", 120.0)  # an unowned labelled instance may live
+RENT_NUDGE_AFTER_S = envfloat("RENT_NUDGE_AFTER_S", 30.0)  # a planned attempt's lost message
+RENT_BACKOFF_START_S = envint("RENT_BACKOFF_START_S", 15)
+RENT_BACKOFF_CAP_S = envint("RENT_BACKOFF_CAP_S", 300)
 # One paged instance-list call per provider account at most this often (DESIGN: ~10 s).
 PROVIDER_POLL_INTERVAL_S = envfloat("PROVIDER_POLL_INTERVAL_S", 10.0)
 # How often the notification outbox is swept for due (retried) deliveries.
@@ -216,30 +229,42 @@ INVOICE_SYNC_INTERVAL_S = envfloat("INVOICE_SYNC_INTERVAL_S", 3600.0)
 INVOICE_LOOKBACK_DAYS = envint("INVOICE_LOOKBACK_DAYS", 30)
 INVOICE_TOLERANCE_PCT = envfloat("INVOICE_TOLERANCE_PCT", 2.0)
 INVOICE_TOLERANCE_USD = envfloat("INVOICE_TOLERANCE_USD", 0.01)
+
+
+def tick_expiry_s(interval_s: float) -> float:
+    """How long a periodic tick may wait in the broker before it is dropped as stale.
+
+    A tick that waited longer than its interval is superseded by the next one, but it must
+    outlive the broker's own delivery delay, or every tick expires on arrival: at a 1 s
+    interval on a broker polled once a second, beat and worker lock in phase and each tick
+    arrives about 0.95 s late."""
+    delivery_s = BROKER_POLLING_INTERVAL_S if BROKER_IS_POLLED else 0.0
+    expiry_s = interval_s * 0.9
+    if expiry_s < 2 * delivery_s:
+        raise ImproperlyConfigured(
+            f"A tick every {interval_s:g} s would expire after {expiry_s:g} s, but a worker "
+            f"looks at the broker only every {delivery_s:g} s (BROKER_POLLING_INTERVAL_S), so "
+            f"ticks could be dropped before any worker sees them. Set BROKER_POLLING_INTERVAL_S "
+            f"to at most {expiry_s / 2:g}, or use a longer interval."
+        )
+    return expiry_s
+
+
+def every(task: str, interval_s: float) -> dict:
+    return {
+        "task": task,
+        "schedule": timedelta(seconds=interval_s),
+        "options": {"expires": tick_expiry_s(interval_s)},
+    }
+
+
 CELERY_BEAT_SCHEDULE = {
-    "watchdog-tick": {
-        "task": "jobs.tasks.watchdog_tick",
-        "schedule": timedelta(seconds=WATCHDOG_INTERVAL_S),
-        # A tick that waited longer than its interval is stale: the next one supersedes it.
-        "options": {"expires": WATCHDOG_INTERVAL_S * 0.9},
-    },
+    "watchdog-tick": every("jobs.tasks.watchdog_tick", WATCHDOG_INTERVAL_S),
     # Spending limits, at the watchdog's cadence (and once when a worker starts).
-    "billing-enforce": {
-        "task": "billing.tasks.enforce_budgets",
-        "schedule": timedelta(seconds=WATCHDOG_INTERVAL_S),
-        "options": {"expires": WATCHDOG_INTERVAL_S * 0.9},
-    },
+    "billing-enforce": every("billing.tasks.enforce_budgets", WATCHDOG_INTERVAL_S),
     # Retries and anything a lost nudge left behind; each event also nudges it on commit.
-    "notify-deliver-due": {
-        "task": "notify.tasks.deliver_due",
-        "schedule": timedelta(seconds=NOTIFY_INTERVAL_S),
-        "options": {"expires": NOTIFY_INTERVAL_S * 0.9},
-    },
-    "billing-sync-invoices": {
-        "task": "billing.tasks.sync_invoices",
-        "schedule": timedelta(seconds=INVOICE_SYNC_INTERVAL_S),
-        "options": {"expires": INVOICE_SYNC_INTERVAL_S * 0.9},
-    },
+    "notify-deliver-due": every("notify.tasks.deliver_due", NOTIFY_INTERVAL_S),
+    "billing-sync-invoices": every("billing.tasks.sync_invoices", INVOICE_SYNC_INTERVAL_S),
 }
 
 # --- Provider: Vast.ai or the sandbox marketplace -----------------------------------------

@@ -29,13 +29,12 @@ from django.conf import settings
 from django.utils.crypto import salted_hmac
 
 from jobs.models import Interruption, Job, JobState
+from nomadgpu.health import WATCHDOG, is_fresh, silent_for_s
 from nomadgpu.models import ServiceHeartbeat, Team
 
 WINDOWS = (7, 30, 90)
 DEFAULT_WINDOW = 30
 INCIDENT_LIMIT = 200  # newest first; a 90-day history longer than this is cut
-FRESH_INTERVALS = 3  # a heartbeat older than this many intervals is stale
-WATCHDOG = "watchdog"  # written by jobs.watchdog.record_tick on every tick
 PROVIDER = "provider"  # written by jobs.watchdog.poll_providers after every poll
 
 CAUSE_LABELS = {
@@ -85,10 +84,12 @@ class Incident:
 @dataclass(frozen=True)
 class Check:
     """One supervisor health signal and when it was last seen. ``ok`` is None where it cannot
-    be told: no provider poll recorded recently (the watchdog that polls is not ticking)."""
+    be told: no provider poll recorded recently (the watchdog that polls is not ticking).
+    ``silent_s``: how long it has not been seen, once that is too long (else None)."""
 
     ok: bool | None
     last_seen_at: datetime | None
+    silent_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -227,17 +228,14 @@ def supervisor_health(*, now: datetime) -> SupervisorHealth:
     beats = {b.name: b for b in ServiceHeartbeat.objects.filter(name__in=[WATCHDOG, PROVIDER])}
     tick = beats.get(WATCHDOG)
     tick_fresh = is_fresh(tick, now, settings.WATCHDOG_INTERVAL_S)
-    watchdog = Check(ok=tick_fresh, last_seen_at=tick.last_seen_at if tick else None)
+    watchdog = Check(
+        ok=tick_fresh,
+        last_seen_at=tick.last_seen_at if tick else None,
+        silent_s=silent_for_s(tick, now, settings.WATCHDOG_INTERVAL_S),
+    )
     poll = beats.get(PROVIDER)
     # A poll runs inside a tick, at most every PROVIDER_POLL_INTERVAL_S.
     poll_every = settings.PROVIDER_POLL_INTERVAL_S + settings.WATCHDOG_INTERVAL_S
     provider_ok = bool(poll.detail.get("ok")) if is_fresh(poll, now, poll_every) else None
     provider = Check(ok=provider_ok, last_seen_at=poll.last_seen_at if poll else None)
     return SupervisorHealth(watchdog=watchdog, worker_and_beat=watchdog, provider=provider)
-
-
-def is_fresh(beat: ServiceHeartbeat | None, now: datetime, interval_s: float) -> bool:
-    """Seen within FRESH_INTERVALS intervals of NOW (one late tick is not an outage)."""
-    if beat is None:
-        return False
-    return now - beat.last_seen_at <= timedelta(seconds=FRESH_INTERVALS * interval_s)

@@ -87,7 +87,7 @@ def status_document(status: stats.TeamStatus) -> dict:
         return {"count": d.count, "median": d.median_s, "p90": d.p90_s}
 
     def check(c: stats.Check) -> dict:
-        return {"ok": c.ok, "last_seen_at": iso(c.last_seen_at)}
+        return {"ok": c.ok, "last_seen_at": iso(c.last_seen_at), "silent_s": c.silent_s}
 
     return {
         "version": JSON_VERSION,

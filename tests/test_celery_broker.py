@@ -3,12 +3,15 @@ real worker runs them; beat's schedule reaches the watchdog end to end."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from django.conf import settings
 
 from nomadgpu.models import ServiceHeartbeat
 from nomadgpu.tasks import record_ping
-from tests.processes import celery_command, subprocess_env, wait_until
+from tests.processes import ROOT, celery_command, subprocess_env, wait_until
 
 
 def test_a_task_sent_through_the_broker_is_run_by_a_worker(celery_worker_thread):
@@ -43,6 +46,52 @@ def test_beat_schedules_the_watchdog_and_a_worker_process_runs_it(processes, tmp
     except BaseException:
         print(processes.log("beat")[-3000:], processes.log("worker")[-3000:])
         raise
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_no_tick_is_dropped_at_a_one_second_interval_on_the_filesystem_broker(processes, tmp_path):
+    # The operator's setup: the embedded broker, a prefork worker of two, beat, 1 s ticks.
+    env = subprocess_env(
+        NOMADGPU_VAR_DIR=str(tmp_path / "var"),
+        CELERY_BROKER_URL="filesystem://",
+        WATCHDOG_INTERVAL_S="1",
+        NOTIFY_INTERVAL_S="1",
+    )
+    processes.start("worker", celery_command("worker", "--concurrency=2", "-l", "INFO"), env)
+    processes.start("beat", celery_command("beat", "-l", "INFO"), env)
+
+    def ticks() -> int:
+        beat = ServiceHeartbeat.objects.filter(name="watchdog").first()
+        return beat.count if beat else 0
+
+    try:
+        wait_until(lambda: ticks() >= 1, timeout=90, what="the first watchdog tick")
+        first = ServiceHeartbeat.objects.get(name="watchdog").last_seen_at
+        wait_until(lambda: ticks() >= 31, timeout=60, what="30 more watchdog ticks")
+        last = ServiceHeartbeat.objects.get(name="watchdog").last_seen_at
+    except BaseException:
+        print(processes.log("beat")[-3000:], processes.log("worker")[-3000:])
+        raise
+    worker_log = processes.log("worker")
+    assert "Discarding revoked task" not in worker_log, worker_log[-3000:]
+    # 30 ticks in about 30 s: none was dropped on the way.
+    assert (last - first).total_seconds() < 33
+
+
+def test_settings_refuse_ticks_that_would_expire_before_a_worker_sees_them(tmp_path):
+    env = subprocess_env(
+        NOMADGPU_VAR_DIR=str(tmp_path / "var"),
+        CELERY_BROKER_URL="filesystem://",
+        WATCHDOG_INTERVAL_S="1",
+        BROKER_POLLING_INTERVAL_S="1",
+    )
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=ROOT, env=env,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "Set BROKER_POLLING_INTERVAL_S to at most 0.45" in result.stderr
 
 
 def test_the_watchdog_tick_is_on_the_beat_schedule():

@@ -266,11 +266,15 @@ def health(client) -> dict:
 def test_health_says_the_watchdog_ticks_while_its_heartbeat_is_fresh(client, public, settings):
     settings.WATCHDOG_INTERVAL_S = 5
     with time_machine.travel(NOW, tick=False):
-        assert health(client)["watchdog"] == {"ok": False, "last_seen_at": None}
+        assert health(client)["watchdog"] == {"ok": False, "last_seen_at": None, "silent_s": None}
 
         ServiceHeartbeat.objects.create(name="watchdog", last_seen_at=NOW - timedelta(seconds=14))
         body = health(client)
-        assert body["watchdog"] == {"ok": True, "last_seen_at": "2026-11-29T11:59:46+00:00"}
+        assert body["watchdog"] == {
+            "ok": True,
+            "last_seen_at": "2026-11-29T11:59:46+00:00",
+            "silent_s": None,
+        }
         assert body["worker_and_beat"]["ok"] is True
 
         ServiceHeartbeat.objects.filter(name="watchdog").update(
@@ -278,6 +282,9 @@ def test_health_says_the_watchdog_ticks_while_its_heartbeat_is_fresh(client, pub
         )
         body = health(client)
         assert (body["watchdog"]["ok"], body["worker_and_beat"]["ok"]) == (False, False)
+        assert body["watchdog"]["silent_s"] == 16
+        page = client.get("/status/open-lab/").content.decode()
+        assert "watchdog has not run for 16 s" in page
 
 
 def test_health_says_whether_the_last_provider_poll_worked(client, public, settings):

@@ -63,8 +63,6 @@ def celery_worker_thread(transactional_db):
 
     - Messages left by an earlier test are purged first: a delayed retry of "destroy instance
       21000001" would otherwise hit this test's sandbox, whose ids start at the same number.
-    - The filesystem broker is polled every 0.1 s instead of 1 s (each task hop waited up to
-      a second, and the 0.5 s watchdog ticks ran once a second).
     - At the end the worker is told to stop and woken by two messages (its loop drains once
       more after seeing the flag), so it stops at once instead of after up to two 2 s drains.
     """
@@ -73,18 +71,12 @@ def celery_worker_thread(transactional_db):
 
     from nomadgpu.celery import app
 
-    options = app.conf.broker_transport_options
-    if app.conf.broker_url.startswith("filesystem"):
-        app.conf.broker_transport_options = {**options, "polling_interval": 0.1}
     app.control.purge()
-    try:
-        with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10) as w:
-            yield w
-            state.should_terminate = 0
-            for _ in range(2):  # wake-up calls: expired on arrival (a tick run anyway is harmless)
-                watchdog_tick.apply_async(expires=0.001)
-    finally:
-        app.conf.broker_transport_options = options
+    with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10) as w:
+        yield w
+        state.should_terminate = 0
+        for _ in range(2):  # wake-up calls: expired on arrival (a tick run anyway is harmless)
+            watchdog_tick.apply_async(expires=0.001)
 
 
 def pytest_configure(config) -> None:

@@ -32,4 +32,4 @@ class Command(BaseCommand):
     def _main(self, argv: list[str]) -> int:
         from hosts.sandbox.cli import main
 
-        return main(argv, default_state_dir=getattr(settings, "SANDBOX_DIR", None))
+        return main(argv, default_state_dir=settings.SANDBOX_DIR)
