@@ -11,12 +11,15 @@ that rolled back. Illegal transitions raise ``IllegalTransition``; they are neve
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 
 from django.db import transaction
 
 from jobs.models import Job, JobEvent, JobState
 
+# One console line per job event: what an operator watching `make run` wants to see.
+event_log = logging.getLogger("nomadgpu.events")
 S = JobState
 TERMINAL = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
 ALLOWED_FROM: dict[str, frozenset[str]] = {
@@ -85,10 +88,20 @@ def _notify(event: JobEvent) -> JobEvent:
     from notify import outbox
     from notify import tasks as notify_tasks
 
+    transaction.on_commit(lambda: _log_event(event))
     if outbox.enqueue_for_event(event):
         # robust: a broker that is down must not undo the commit; beat sweeps the outbox.
         transaction.on_commit(notify_tasks.deliver_due.delay, robust=True)
     return event
+
+
+def _log_event(event: JobEvent) -> None:
+    level = logging.WARNING if event.kind in WARNING_EVENTS else logging.INFO
+    text = f"job {event.job_id}: {event.kind.replace('_', ' ')}"
+    event_log.log(level, f"{text}: {event.message}" if event.message else text)
+
+
+WARNING_EVENTS = frozenset({"host_lost", "failed", "no_offers", "budget_paused"})
 
 
 def is_terminal(state: str) -> bool:

@@ -285,10 +285,25 @@ S3_REGION = env("S3_REGION", "auto")
 # The Bot API base URL; tests point it at a local server speaking the same protocol.
 TELEGRAM_API_URL = env("TELEGRAM_API_URL", "https://api.telegram.org").rstrip("/")
 
+# The console shows one line per job event (``nomadgpu.events``: rented, running, host lost,
+# running again, finished) and every warning. LOG_LEVEL=DEBUG brings back what repeats several
+# times a second: each HTTP request (agents' heartbeats), each task run and each beat tick.
+LOG_LEVEL = env("LOG_LEVEL", "INFO").upper()
+_REPEATING_LEVEL = "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {
+        name: {"level": _REPEATING_LEVEL}
+        for name in (
+            "django.server",  # runserver's line per request
+            "httpx",  # a line per provider or storage call
+            "celery.app.trace",  # "Task ... succeeded"
+            "celery.worker.strategy",  # "Task ... received"
+            "celery.beat",  # "Scheduler: Sending due task"
+        )
+    },
 }
