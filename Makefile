@@ -1,25 +1,44 @@
 # NomadGPU: `make run` starts everything on embedded defaults; `make test` runs the whole suite.
-# Both create .venv on first use and reinstall only when a requirements file changes.
+# Both create .venv on first use and reinstall only when a requirements file changes. `make run`
+# installs the runtime requirements only; `make test` adds the test tools; `make test-hf` adds
+# torch, transformers and peft for the Hugging Face Trainer test (tests/hf/).
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
-STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | sha1sum | cut -c1-12)
+digest = $(shell cat $(1) | sha1sum | cut -c1-12)
+RUN_STAMP := $(VENV)/.installed-run-$(call digest,requirements.txt)
+DEV_STAMP := $(VENV)/.installed-dev-$(call digest,requirements.txt requirements-dev.txt)
+HF_STAMP := $(VENV)/.installed-hf-$(call digest,requirements.txt requirements-dev.txt requirements-hf.txt)
 DEV_ENV := var/dev.env
 
-.PHONY: run test lint format bench venv clean-var
+.PHONY: run test test-hf lint format bench venv venv-run clean-var
 
-venv: $(STAMP)
+venv-run: $(RUN_STAMP)
+venv: $(DEV_STAMP)
 
-$(STAMP): requirements.txt requirements-dev.txt
+$(VENV)/bin/python:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "NomadGPU needs Python 3.11 or newer (found $$($(PYTHON) --version))."; exit 1; }
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements-dev.txt
-	rm -f $(VENV)/.installed-*
+
+# $(call install,REQUIREMENTS,STAMP-KIND): install, then keep one stamp of that kind.
+define install
+	$(PY) -m pip install --quiet -r $(1)
+	rm -f $(VENV)/.installed-$(2)-*
 	touch $@
+endef
+
+$(RUN_STAMP): requirements.txt | $(VENV)/bin/python
+	$(call install,requirements.txt,run)
+
+$(DEV_STAMP): requirements.txt requirements-dev.txt | $(VENV)/bin/python
+	$(call install,requirements-dev.txt,dev)
+
+$(HF_STAMP): requirements.txt requirements-dev.txt requirements-hf.txt | $(VENV)/bin/python
+	$(call install,requirements-hf.txt,hf)
 
 # Keys for the embedded setup, made once and kept: team secrets sealed with them stay readable.
 $(DEV_ENV):
@@ -29,7 +48,7 @@ $(DEV_ENV):
 		print("FIELD_ENCRYPTION_KEY=" + base64.urlsafe_b64encode(os.urandom(32)).decode())' > $@
 	chmod 600 $@
 
-run: $(STAMP) $(DEV_ENV)
+run: $(RUN_STAMP) $(DEV_ENV)
 	set -a && . ./$(DEV_ENV) && set +a && \
 		$(PY) manage.py migrate --no-input -v 0 && \
 		$(PY) manage.py bootstrap_demo && \
@@ -39,19 +58,23 @@ run: $(STAMP) $(DEV_ENV)
 		PATH="$(CURDIR)/$(VENV)/bin:$$PATH" PORT=$(PORT) $(VENV)/bin/honcho start -f Procfile
 
 # A throwaway key and a var/ of its own, so tests never touch a running `make run`.
-test: $(STAMP)
-	FIELD_ENCRYPTION_KEY=$${FIELD_ENCRYPTION_KEY:-dGVzdC1vbmx5LWtleS10ZXN0LW9ubHkta2V5LTMyYnk=} \
-	NOMADGPU_VAR_DIR=$${NOMADGPU_VAR_DIR:-$(CURDIR)/var/test} \
-		$(VENV)/bin/pytest $(PYTEST_ARGS)
+TEST_ENV = FIELD_ENCRYPTION_KEY=$${FIELD_ENCRYPTION_KEY:-dGVzdC1vbmx5LWtleS10ZXN0LW9ubHkta2V5LTMyYnk=} \
+	NOMADGPU_VAR_DIR=$${NOMADGPU_VAR_DIR:-$(CURDIR)/var/test}
 
-lint: $(STAMP)
+test: $(DEV_STAMP)
+	$(TEST_ENV) $(VENV)/bin/pytest $(PYTEST_ARGS)
+
+test-hf: $(HF_STAMP)
+	$(TEST_ENV) NOMADGPU_TEST_HF=1 $(VENV)/bin/pytest tests/hf $(PYTEST_ARGS)
+
+lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
-format: $(STAMP)
+format: $(DEV_STAMP)
 	$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .
 
 # One line per figure: figure, value, baseline, ratio. `make bench BENCH_ARGS=--quick` is shorter.
-bench: $(STAMP)
+bench: $(DEV_STAMP)
 	@for script in bench/*.py; do $(PY) $$script $(BENCH_ARGS) || exit 1; done
 
 clean-var:

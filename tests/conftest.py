@@ -11,6 +11,9 @@ from django.conf import settings
 from nomadgpu.models import Role
 from tests.factories import MembershipFactory, TeamFactory, UserFactory
 
+# The Hugging Face Trainer test needs torch, which only `make test-hf` installs; it sets this.
+collect_ignore = [] if os.environ.get("NOMADGPU_TEST_HF") else ["hf"]
+
 # `make test` sets a throwaway key; this covers a plain `pytest` run the same way.
 TEST_FIELD_KEY = "dGVzdC1vbmx5LWtleS10ZXN0LW9ubHkta2V5LTMyYnk="
 os.environ.setdefault("FIELD_ENCRYPTION_KEY", TEST_FIELD_KEY)
@@ -51,3 +54,18 @@ def cast(db) -> Cast:
 @pytest.fixture
 def user_factory():
     return UserFactory
+
+
+# Fixtures that reach the database (directly or through the cast, the live server, a worker).
+DATABASE_FIXTURES = frozenset(
+    {"db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback"}
+)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark every test that touches the database (and so the broker, which only such tests use)
+    ``needs_db``, from its fixtures and ``django_db`` marker: CI runs the rest only once."""
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & DATABASE_FIXTURES or item.get_closest_marker("django_db"):
+            item.add_marker(pytest.mark.needs_db)
