@@ -116,10 +116,11 @@ def speed_book(job: Job, offers: list[Offer]) -> selection.SpeedBook:
 def rent(attempt_id: int, *, now: datetime, client: VastClient | None = None) -> str:
     """Claim a planned attempt, choose an offer and create its instance; say what happened.
 
-    Any unexpected error after the claim closes the attempt at once and backs the job off
-    (``give_up_renting``), so the job is rented again at its next turn instead of holding a
-    ``requested`` attempt until ``REQUESTED_GRACE_S``. If the error came after the create was
-    accepted, the instance carries the closed attempt's label and the orphan reaper destroys it.
+    Any unexpected error before Vast accepted a create closes the attempt at once and backs
+    the job off (``give_up_renting``), so the job is rented again at its next turn instead of
+    holding a ``requested`` attempt until ``REQUESTED_GRACE_S``. An error after the create was
+    accepted leaves the attempt ``requested``: the instance exists and carries the attempt's
+    label, so the watchdog adopts it after ``ADOPT_AFTER_S`` rather than paying for a second one.
     """
     token = issue_token()
     claimed = Attempt.objects.filter(pk=attempt_id, state=AttemptState.PLANNED).update(
@@ -168,13 +169,21 @@ def _choose_and_create(attempt: Attempt, token: str, *, client: VastClient, now:
             return "unknown"
         except VastError as exc:
             return give_up_renting(attempt, now=now, why=f"create failed: {exc}")
-        record_rented(
-            attempt.pk,
-            fields={**offer_fields(offer), "disk_gb": req.disk_gb},
-            instance_id=created.id,
-            decision=decision.as_dict(),
-            now=now,
-        )
+        try:
+            record_rented(
+                attempt.pk,
+                fields={**offer_fields(offer), "disk_gb": req.disk_gb},
+                instance_id=created.id,
+                decision=decision.as_dict(),
+                now=now,
+            )
+        except Exception:
+            logger.exception(
+                "instance %s for %s was created but not recorded; adopting by label",
+                created.id,
+                attempt,
+            )
+            return "unknown"
         return "rented"
     return give_up_renting(
         attempt, now=now, why="every chosen offer was taken before we could rent it"
