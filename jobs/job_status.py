@@ -40,6 +40,22 @@ def job_progress(job: Job) -> Progress:
     return Progress(step=step, total_steps=total, fraction=fraction, eta_s=eta)
 
 
+def early_finish_note(job: Job) -> str:
+    """For a job that succeeded short of its total: "ended at step 100 of 2,400"; else "".
+
+    An exit 0 is taken as success even before the last step (scripts may stop early on
+    purpose); this is what the job page, the member API and the finished notification all
+    say about it, so they read the same. The total is the one the progress shows.
+    """
+    if job.state != JobState.SUCCEEDED:
+        return ""
+    progress = job_progress(job)
+    step, total = progress.step, progress.total_steps
+    if step is None or not total or step >= total:
+        return ""
+    return f"ended at step {step:,} of {total:,}"
+
+
 def current_host(job: Job) -> Attempt | None:
     """The attempt holding (or that last held) a rented instance: the job's host."""
     rented = [a for a in job.attempts.all() if a.instance_id is not None]

@@ -100,6 +100,10 @@ class JobDetailOut(JobOut):
     image: str
     command: str
     failure_reason: str
+    early_finish: str = Field(
+        description='"ended at step 100 of 2,400" when the job succeeded short of its total'
+        " steps (the command exited 0 early), else empty"
+    )
     loss: float | None
     seconds_per_step: float | None
     spend: dict[str, float] = Field(description="gpu, storage, download, upload, total (USD)")
@@ -205,6 +209,7 @@ def job_detail_out(job: Job, *, now: datetime) -> dict[str, Any]:
         "image": job.image,
         "command": job.command,
         "failure_reason": job.failure_reason,
+        "early_finish": job_status.early_finish_note(job),
         "loss": host.loss if host else None,
         "seconds_per_step": host.seconds_per_step if host else None,
         "spend": job_spend(job, now=now).as_dict(),

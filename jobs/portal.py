@@ -23,7 +23,7 @@ from billing.spend import (
 )
 from hosts import selection
 from hosts.vast import RetryPolicy, VastClient, VastError
-from jobs import services
+from jobs import job_status, services
 from jobs.models import Attempt, Job
 from jobs.spec import JobSpec
 
@@ -114,6 +114,10 @@ class JobRow:
     def host(self) -> str:
         a = self.attempt
         return a.gpu_name if a and a.gpu_name else ""
+
+    @property
+    def early_finish(self) -> str:
+        return job_status.early_finish_note(self.job)
 
 
 def job_row(job: Job, *, now: datetime) -> JobRow:

@@ -17,6 +17,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.html import strip_tags
 
+from jobs.job_status import early_finish_note
 from jobs.models import Attempt, Interruption, Job, JobEvent
 from notify.models import EventKind
 
@@ -165,6 +166,7 @@ def finished_facts(event: JobEvent, job: Job) -> dict:
         "machine_s": machine_s,
         "machine_text": duration(machine_s),
         "final_step": job.final_step,
+        "early_finish": early_finish_note(job),
         "interruptions": job.interruptions.count(),
         "cost_usd": round(cost, 4),
         "cost_text": money(cost),
