@@ -4,6 +4,9 @@ Stored ``status`` is one of created, loading, running, stopped, exited, rebootin
 flags change what is served without changing it: ``host_online = 0`` shows ``offline``
 (Vast computes that status, it does not store it) and ``frozen`` (SIGSTOP, a network
 partition) still shows ``running`` — from outside, a partitioned host looks alive to Vast.
+A destroy sent to such an unreachable host ends the contract at once (gone from the lists,
+nothing billed) but reaches the container only when the host is back: until then the row
+keeps its ``pgid`` and the processes stay as they were, stopped.
 
 Every change goes through ``_update``, which re-derives what is billed right now (GPU while
 running on an online host; storage while the instance exists on an online host) and opens
@@ -31,11 +34,13 @@ from hosts.sandbox.processes import (
     group_alive,
     group_belongs,
     instance_env,
+    member_states,
     signal_group,
 )
 from hosts.sandbox.state import Store, log_event
 from hosts.sandbox.timing import (
     CONTAINER_START_S,
+    DESTROY_DELIVERY_S,
     REBOOT_S,
     SCHEDULING_S,
     STOP_GRACE_S,
@@ -320,8 +325,11 @@ class Engine:
             return
         with self.store.tx():
             inst = self.get(inst_id)
-            if inst is None or inst["destroyed_at"] is not None or inst["pgid"] != pgid:
+            if inst is None or inst["pgid"] != pgid:
                 return  # we stopped it on purpose (pgid was cleared first)
+            if inst["destroyed_at"] is not None:  # before the queued destroy arrived
+                self._update(inst_id, self.clock(), event="container ended", pgid=None)
+                return
             msg = (
                 f"onstart exited with code {code}"
                 if code is not None
@@ -342,17 +350,23 @@ class Engine:
 
     def destroy(self, inst: dict, by: str = "user") -> None:
         """Gone for good: processes killed, billing closed, the ask back on the market
-        (or, when the host vanished, off it)."""
+        (or, when the host vanished, off it). A renter's destroy cannot reach a host that is
+        cut off (frozen or offline): its processes are left stopped, with ``pgid`` kept, and
+        killed once the host is back (``_deliver_queued_destroy``)."""
         now = self.clock()
         with self.store.tx():
-            _, pgid = self._release(
-                inst["id"],
-                now,
-                event=f"destroyed by {by}",
-                destroyed_at=now,
-                destroyed_by=by,
-                deadline=None,
-            )
+            fields = {
+                "event": f"destroyed by {by}",
+                "destroyed_at": now,
+                "destroyed_by": by,
+                "deadline": None,
+            }
+            current = self.get(inst["id"])
+            if by == "user" and (current["frozen"] or not current["host_online"]):
+                self._update(inst["id"], now, **fields)
+                pgid = None
+            else:
+                _, pgid = self._release(inst["id"], now, **fields)
             if by == "host":
                 self.store.run(
                     "INSERT OR IGNORE INTO gone_asks (ask_id, at) VALUES (?, ?)",
@@ -424,7 +438,9 @@ class Engine:
     def inject(self, inst_id: int, action: str, arg: Any) -> dict:
         """One failure injection (``POST /sandbox/inject/{id}``)."""
         inst = self.get(inst_id)
-        if inst is None or (inst["destroyed_at"] is not None and action != "overcharge"):
+        if inst is None or (
+            inst["destroyed_at"] is not None and not _applies_after_destroy(inst, action)
+        ):
             raise ApiError(404, "no_such_instance", f"no live instance {inst_id}")
         handler = getattr(self, "_inject_" + action.replace("-", "_"), None)
         if action not in INSTANCE_ACTIONS or handler is None:
@@ -444,18 +460,44 @@ class Engine:
         self._update(inst["id"], self.clock(), event="frozen", frozen=1)
 
     def _inject_thaw(self, inst: dict, arg: Any) -> None:
+        delay = _delivery_delay(arg)
         if inst["host_online"]:
             signal_group(inst["pgid"], signal.SIGCONT)
-        self._update(inst["id"], self.clock(), event="thawed", frozen=0)
+        self._deliver_queued_destroy(
+            self._update(inst["id"], self.clock(), event="thawed", frozen=0), delay
+        )
 
     def _inject_offline(self, inst: dict, arg: Any) -> None:
         signal_group(inst["pgid"], signal.SIGSTOP)  # the host is cut off: nothing gets in or out
         self._update(inst["id"], self.clock(), host_online=0)
 
     def _inject_online(self, inst: dict, arg: Any) -> None:
+        delay = _delivery_delay(arg)
         if not inst["frozen"]:
             signal_group(inst["pgid"], signal.SIGCONT)
-        self._update(inst["id"], self.clock(), host_online=1)
+        self._deliver_queued_destroy(self._update(inst["id"], self.clock(), host_online=1), delay)
+
+    def _deliver_queued_destroy(self, inst: dict, delay_s: float | None) -> None:
+        """The host is reachable again: the destroy queued for it arrives once its daemon
+        has checked in, and until then its processes run and may still make calls."""
+        if inst["destroyed_at"] is None or not inst["pgid"]:
+            return
+        if inst["frozen"] or not inst["host_online"]:
+            return
+        if delay_s is None:
+            delay_s = self.timing.phase(DESTROY_DELIVERY_S, inst["id"], "destroy delivery")
+        timer = threading.Timer(delay_s, self._remove_container, args=(inst["id"], inst["pgid"]))
+        timer.daemon = True
+        timer.start()
+
+    def _remove_container(self, inst_id: int, pgid: int) -> None:
+        if self.stopping:
+            return
+        with self.store.tx():
+            if self.get(inst_id)["pgid"] != pgid:
+                return  # the container ended on its own first
+            self._update(inst_id, self.clock(), event="queued destroy delivered", pgid=None)
+        self.processes.kill(pgid)
 
     def _inject_gpu_fault(self, inst: dict, arg: Any) -> None:
         fault = {None: "error", "": "error", "error": "error", "hang": "hang", "clear": ""}.get(arg)
@@ -527,6 +569,7 @@ class Engine:
         """
         now = self.clock()
         last_alive = min(float(self.store.meta("alive") or now), now)
+        self._deliver_destroys_left_queued(now)
         for inst in self.store.rows("SELECT * FROM instances WHERE destroyed_at IS NULL"):
             pgid = inst["pgid"]
             if pgid and group_alive(pgid) and group_belongs(pgid, inst["id"]):
@@ -549,6 +592,18 @@ class Engine:
                     )
                 else:
                     self._update(inst["id"], now, pgid=None)
+
+    def _deliver_destroys_left_queued(self, now: float) -> None:
+        """A destroyed instance whose processes outlived a sandbox crash is removed now."""
+        queued = self.store.rows(
+            "SELECT * FROM instances WHERE destroyed_at IS NOT NULL AND pgid IS NOT NULL"
+        )
+        for inst in queued:
+            pgid = inst["pgid"]
+            self._update(inst["id"], now, event="queued destroy delivered", pgid=None)
+            if group_alive(pgid) and group_belongs(pgid, inst["id"]):
+                self.processes.adopt(inst["id"], pgid)
+                self.processes.kill(pgid)
 
     def shutdown(self) -> None:
         """The sandbox stops: every "host" powers off with it."""
@@ -576,6 +631,8 @@ class Engine:
             "intended": inst["intended"],
             "destroyed_by": inst["destroyed_by"],
             "pgid": inst["pgid"],
+            "processes": _process_states(inst["pgid"]),
+            "destroy_queued": inst["destroyed_at"] is not None and inst["pgid"] is not None,
             "runs": inst["runs"],
             "frozen": bool(inst["frozen"]),
             "host_online": bool(inst["host_online"]),
@@ -601,6 +658,32 @@ class Engine:
             "billed": {k: amount for k, (_, amount, _) in costs.items()},
             "events": events,
         }
+
+
+def _applies_after_destroy(inst: dict, action: str) -> bool:
+    """Overcharge bills a contract after its end; thaw and online bring back a host that
+    still holds a destroy queued for it."""
+    return action == "overcharge" or (action in ("thaw", "online") and inst["pgid"] is not None)
+
+
+def _delivery_delay(arg: Any) -> float | None:
+    if arg in (None, ""):
+        return None
+    try:
+        seconds = float(arg)
+    except (TypeError, ValueError) as exc:
+        raise ApiError(
+            400, "invalid_args", "takes the seconds a queued destroy needs to arrive"
+        ) from exc
+    if seconds < 0:
+        raise ApiError(400, "invalid_args", "the delay of a queued destroy cannot be negative")
+    return seconds
+
+
+def _process_states(pgid: int | None) -> list[dict]:
+    if not pgid:
+        return []
+    return [{"pid": pid, "state": state} for pid, state in sorted(member_states(pgid).items())]
 
 
 def shown_status(inst: dict) -> str:

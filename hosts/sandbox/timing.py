@@ -18,6 +18,8 @@ SCHEDULING_S = 3.0  # created → loading
 CONTAINER_START_S = 5.0  # loading with the image already on the host
 REBOOT_S = 8.0  # rebooting → loading
 STOP_GRACE_S = 10.0  # docker stop: SIGTERM, then SIGKILL
+# A host back from a partition picks up the destroy queued for it (a guess: Vast does not say).
+DESTROY_DELIVERY_S = 10.0
 # Compressed sizes of common images (bytes); others get a size drawn from their name.
 IMAGE_BYTES = {
     "pytorch/pytorch": 3_600_000_000,

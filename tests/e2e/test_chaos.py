@@ -8,6 +8,7 @@ time. Toy runs are short (a few seconds of steps) wherever the scenario allows.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shlex
 import sys
@@ -184,6 +185,72 @@ def test_a_frozen_host_is_replaced_and_fenced_when_it_wakes_up(supervisor, setti
     assert_checkpoints_intact(job, job.attempts.exclude(pk=first.pk))
     assert final_digest_of(job) == toy_digest(env)
     wait_released(supervisor, job)
+
+
+# ---- 2b. the destroy reaches the frozen host only when it wakes up ---------------------------
+
+# Far longer than the old agent needs to meet its 410: if it stops within a heartbeat or two of
+# waking, the fencing stopped it, not the queued destroy.
+QUEUED_DESTROY_DELAY_S = 60
+
+
+def test_a_woken_host_whose_destroy_is_still_queued_is_stopped_by_fencing(supervisor, settings):
+    # No help from the test here: the sandbox itself keeps a destroyed, frozen host's processes
+    # (stopped) until it is thawed, as Vast delivers a destroy to a cut-off host only when it
+    # is back. The old agent then runs beside its replacement until the 410 stops it.
+    env = toy_env(steps=200, every=100, step_seconds=0.04)
+    job = submit(supervisor, env)
+    sandbox = supervisor.sandbox
+    first = wait_running(job, 1)
+    # Right after the first checkpoint is published, the next is 4 s away: nothing of the old
+    # agent's is in flight to storage when it freezes.
+    wait_checkpoint(job, attempt=first, above=0)
+    sandbox.inject(first.instance_id, "freeze")
+    at_freeze = files_under(settings.STORAGE_LOCAL_DIR / first.storage_prefix)
+    assert at_freeze  # the checkpoint
+
+    assert wait_interruption(first).cause == "heartbeat_timeout"
+    wait_running(job, 2)
+    wait_until(
+        lambda: sandbox.status(first.instance_id) is None,
+        timeout=30,
+        what="the old instance to be destroyed",
+    )
+    old = sandbox.debug(first.instance_id)
+    assert (old["destroyed_by"], old["billing_now"]) == ("user", [])
+    assert old["destroy_queued"] is True
+    assert old["processes"], "the old host's processes were killed at the destroy"
+    assert {p["state"] for p in old["processes"]} == {"T"}
+
+    sandbox.inject(first.instance_id, "thaw", QUEUED_DESTROY_DELAY_S)
+    wait_until(
+        lambda: not sandbox.debug(first.instance_id)["processes"],
+        timeout=job.heartbeat_interval_s + 10,
+        what="the woken agent to stop on its own",
+    )
+    events = [e["kind"] for e in sandbox.debug(first.instance_id)["events"]]
+    assert "queued destroy delivered" not in events, events
+    log = (Path(old["scratch"]) / ".nomadgpu" / "agent.log").read_text(errors="replace")
+    assert "410" in log, log[-2000:]
+    assert "attempt is over on the supervisor" in log, log[-2000:]
+    # Nothing new or rewritten under the old attempt's prefix (the new one may prune there).
+    after = files_under(settings.STORAGE_LOCAL_DIR / first.storage_prefix)
+    assert after.items() <= at_freeze.items(), (at_freeze, after)
+
+    wait_state(job, JobState.SUCCEEDED, timeout=90)
+    assert final_digest_of(job) == toy_digest(env)
+    wait_released(supervisor, job)
+
+
+def files_under(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file below FOLDER (partial uploads too) with its size and mtime."""
+    found = {}
+    for path in folder.rglob("*"):
+        with contextlib.suppress(FileNotFoundError):  # pruned while we looked
+            if path.is_file():
+                stat = path.stat()
+                found[str(path.relative_to(folder))] = (stat.st_size, stat.st_mtime_ns)
+    return found
 
 
 # ---- 3. GPU fault ----------------------------------------------------------------------------
