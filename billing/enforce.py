@@ -4,18 +4,28 @@ and once when a worker starts.
 Each pass, for every team with active jobs: every limit that applies (team periods, members,
 jobs) is measured from recorded spend (``billing.services``). At 80 % a warning is written once
 per limit and period (``BudgetWarning`` keyed by both) with a ``budget_warning`` event on the
-affected jobs. A job is stopped in two steps:
+affected jobs. A job is stopped so that its last checkpoint is uploaded just before the money
+runs out:
 
-1. ``start_pause``: when the limit is reached, or will be within one checkpoint grace plus one
-   interval at the current burn rate, the agent is asked for a checkpoint (``checkpoint_now``)
-   and a ``BudgetPause`` opens with a deadline: the grace, cut short to one interval before
-   the projected crossing (at once when the limit is already crossed). Asking ahead is what
-   keeps the overshoot small: by the time the money runs out the checkpoint is usually uploaded.
-2. ``finish_pauses``: once a checkpoint newer than the pause is ready, or the deadline passes,
-   the machine is released through ``jobs.losses.release_job`` and the job is paused_budget
-   with an event naming the limit. A started job without a training host (renting,
-   recovering) is paused at once; a queued one is left waiting: the rent reservation keeps it
-   from starting until the budget allows (a new period, a raised limit).
+1. ``start_pause``: once the limit will be reached within the job's checkpoint lead plus two
+   intervals (the next pass would ask too late), a ``BudgetPause`` opens with a deadline: one
+   interval before the projected crossing, the last pass that releases before the money runs
+   out (at once when the limit is already crossed), and the agent, if it trains, is asked for
+   a checkpoint (``checkpoint_now``). The lead (``checkpoint_lead_s``) is how long asking
+   takes: the heartbeat that carries the request, a step, and the slowest of this job's recent
+   uploads (``Checkpoint`` created → ready), with a margin; ``BUDGET_CHECKPOINT_GRACE_S``
+   until an upload of the job was measured.
+2. ``finish_pauses``, every pass (``pause_action``): at the deadline the machine is released,
+   checkpoint or not. Before it the job trains on and is asked for a checkpoint at the last
+   pass that can still get one in; once the one asked for has arrived, the machine is
+   released if no later one could arrive in time, so the checkpoint kept is the one nearest
+   the deadline. An early checkpoint (the first ask of a job with no measured upload) does
+   not end the run, and the machine is never released early with less than half the
+   attempt's money used. A pass that sees spend jump (a traffic burst) brings the deadline
+   forward. Release goes through ``jobs.losses.release_job``: the job is paused_budget with an
+   event naming the limit. A job without a host (renting, recovering) is paused at once; a
+   queued one is left waiting: the rent reservation keeps it from starting until the budget
+   allows (a new period, a raised limit).
 
 Every step is a guarded claim (unique open pause per job, warning keys, guarded transitions),
 so two enforcers at once, or a tick repeated after a worker restart, do nothing twice. Spend
@@ -25,6 +35,7 @@ is recomputed from the attempts each time, never accrued, so nothing counts twic
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -45,12 +56,23 @@ from nomadgpu.models import Team
 
 logger = logging.getLogger(__name__)
 
+RELEASE, ASK, WAIT = "release", "ask", "wait"
+NOT_ASKED, ASKED, ARRIVED = "not asked", "asked", "arrived"
+# On top of the measured time: uploads vary, and saving (before the upload) is not measured.
+LEAD_MARGIN = 0.5
+AGENT_SCAN_S = 1.0  # the agent looks for newly ready checkpoints every second
+RECENT_UPLOADS = 3
+MAX_LEAD_S = 3600.0
+LIVE_ON_HOST = (AttemptState.STARTING, AttemptState.RUNNING)  # a host that bills for the job
+
 
 def interval_s() -> float:
+    """Seconds between enforcement passes."""
     return float(settings.WATCHDOG_INTERVAL_S)
 
 
 def grace_s() -> float:
+    """The checkpoint lead of a job none of whose uploads was measured yet."""
     return float(settings.BUDGET_CHECKPOINT_GRACE_S)
 
 
@@ -58,13 +80,14 @@ def enforce_budgets(*, now: datetime) -> dict:
     """One enforcement pass at NOW; says how many warnings, pauses begun and machines released."""
     released = finish_pauses(now=now)
     warned = started = 0
+    widest = max(MAX_LEAD_S, grace_s())  # most limits are far away: no per-job look at all
     for team in Team.objects.filter(jobs__state__in=ACTIVE_JOB_STATES).distinct():
         for status in statuses_to_check(team, now=now):
             if status.ratio >= WARN_AT:
                 warned += warn_once(status, now=now)
-            if must_stop(status):
+            if must_stop(status, lead_s=widest):
                 for job_id in list(status.affected_jobs(started_only=True)):
-                    started += start_pause(job_id, status, now=now)
+                    started += stop_in_time(job_id, status, now=now)
     released += finish_pauses(now=now)
     return {"warned": warned, "pausing": started, "released": released}
 
@@ -79,10 +102,10 @@ def statuses_to_check(team: Team, *, now: datetime) -> list[LimitStatus]:
     return found
 
 
-def must_stop(status: LimitStatus) -> bool:
-    """The limit is reached, or will be before a checkpoint asked now could be uploaded (one
-    grace) and the next pass seen (one interval), at the scope's current burn rate."""
-    ahead_h = (grace_s() + interval_s()) / 3600.0
+def must_stop(status: LimitStatus, *, lead_s: float) -> bool:
+    """The limit is reached, or will be before a checkpoint asked at the next pass could arrive:
+    within LEAD_S plus two intervals (the next pass, the deadline's) at the scope's burn."""
+    ahead_h = (lead_s + 2 * interval_s()) / 3600.0
     return status.spent_usd + status.rate_usd_per_h * ahead_h >= float(status.limit_usd)
 
 
@@ -96,14 +119,75 @@ def seconds_to_limit(status: LimitStatus) -> float:
     return left / status.rate_usd_per_h * 3600.0
 
 
-def pause_deadline(status: LimitStatus, *, now: datetime) -> datetime:
-    """When the machine is released at the latest: after the grace, or one interval before the
-    projected crossing if that is sooner. A limit already crossed (a traffic burst jumped past
-    it, typically a model download at start, before any checkpoint) is released in the same
-    pass: the limit is hard, and the job resumes from its newest ready checkpoint."""
+def pause_deadline(status: LimitStatus, *, now: datetime) -> datetime | None:
+    """When the machine is released at the latest: one interval before the projected crossing,
+    so the pass that releases it comes before the money runs out. A limit already crossed (a
+    traffic burst jumped past it, typically a model download at start, before any checkpoint)
+    is released in the same pass: the limit is hard, and the job resumes from its newest ready
+    checkpoint. None when the scope burns nothing (no crossing ahead)."""
     to_limit = seconds_to_limit(status)
-    wait = 0.0 if to_limit <= 0 else min(grace_s(), max(to_limit - interval_s(), 0.0))
-    return now + timedelta(seconds=wait)
+    if to_limit == float("inf"):
+        return None
+    return now + timedelta(seconds=max(to_limit - interval_s(), 0.0))
+
+
+def checkpoint_lead_s(
+    uploads_s: Sequence[float], *, heartbeat_s: float, seconds_per_step: float
+) -> float:
+    """Seconds from asking for a checkpoint until it is ready: the heartbeat that carries the
+    request, the step the script finishes first and the slowest of UPLOADS_S (the job's recent
+    uploads), with ``LEAD_MARGIN`` on top, and the agent's scan. The grace while nothing was
+    measured; never more than ``MAX_LEAD_S``."""
+    if not uploads_s:
+        return grace_s()
+    measured = heartbeat_s + seconds_per_step + max(uploads_s)
+    return min(measured * (1 + LEAD_MARGIN) + AGENT_SCAN_S, MAX_LEAD_S)
+
+
+def recent_uploads_s(job_id: int) -> list[float]:
+    """How long the job's newest uploads took, from the agent asking for targets to ready."""
+    rows = (
+        Checkpoint.objects.filter(job_id=job_id, ready_at__isnull=False)
+        .order_by("-ready_at")
+        .values_list("created_at", "ready_at")[:RECENT_UPLOADS]
+    )
+    return [(ready - created).total_seconds() for created, ready in rows if ready >= created]
+
+
+def job_lead_s(job_id: int) -> float:
+    """``checkpoint_lead_s`` of JOB_ID, from its uploads, heartbeat and live attempt's pace."""
+    heartbeat_s = Job.objects.values_list("heartbeat_interval_s", flat=True).get(pk=job_id)
+    live = Attempt.objects.filter(job_id=job_id, state=AttemptState.RUNNING)
+    seconds_per_step = live.values_list("seconds_per_step", flat=True).first() or 0.0
+    return checkpoint_lead_s(
+        recent_uploads_s(job_id), heartbeat_s=heartbeat_s, seconds_per_step=seconds_per_step
+    )
+
+
+def pause_action(
+    *, now: datetime, started_at: datetime, deadline: datetime, lead_s: float, checkpoint: str
+) -> str:
+    """What an open pause does at NOW: ``RELEASE`` the machine, ``ASK`` for a checkpoint, or
+    ``WAIT``. STARTED_AT is when the attempt began to spend, LEAD_S what a checkpoint takes
+    (``checkpoint_lead_s``), CHECKPOINT where the last request stands: ``NOT_ASKED`` (the job
+    was not training yet), ``ASKED`` (on its way) or ``ARRIVED``.
+
+    The deadline releases whatever the job has (it may never checkpoint). Before it, the job
+    trains on and is asked at the last pass that can still get a checkpoint in before the
+    deadline; once the one asked for has arrived it is released when no later one could arrive
+    in time, but never with less than half the attempt's time until the money runs out (an
+    interval after the deadline) used: then it is asked again instead."""
+    if now >= deadline:
+        return RELEASE
+    if checkpoint == ASKED:
+        return WAIT
+    lead = timedelta(seconds=lead_s)
+    if checkpoint == ARRIVED and now + lead > deadline:
+        runs_out = deadline + timedelta(seconds=interval_s())
+        return RELEASE if now - started_at >= (runs_out - started_at) / 2 else ASK
+    if now + lead + timedelta(seconds=interval_s()) >= deadline:
+        return ASK  # the next pass would ask too late
+    return WAIT
 
 
 def warn_once(status: LimitStatus, *, now: datetime) -> int:
@@ -143,14 +227,28 @@ def warn_once(status: LimitStatus, *, now: datetime) -> int:
     return 1
 
 
+def stop_in_time(job_id: int, status: LimitStatus, *, now: datetime) -> int:
+    """Open JOB_ID's pause once STATUS's limit is within the job's checkpoint lead; bring an
+    open pause's deadline forward when spend jumped. 1 if a pause was begun."""
+    deadline = pause_deadline(status, now=now)
+    open_pause = BudgetPause.objects.filter(job_id=job_id, released_at=None)
+    if deadline is not None:
+        open_pause.filter(deadline__gt=deadline).update(deadline=deadline)
+    if open_pause.exists() or not must_stop(status, lead_s=job_lead_s(job_id)):
+        return 0
+    return start_pause(job_id, status, now=now)
+
+
 def start_pause(job_id: int, status: LimitStatus, *, now: datetime) -> int:
-    """Begin stopping JOB_ID for STATUS's limit: ask its agent for a checkpoint and open a
-    pause with a deadline; a job with no training host is released at once. 1 if begun."""
+    """Begin stopping JOB_ID for STATUS's limit: open a pause with a deadline and ask a training
+    agent for a checkpoint (one still starting is asked once it trains); a job with no host
+    is released at once. 1 if begun."""
     with transaction.atomic():
         job = Job.objects.select_for_update().filter(pk=job_id, state__in=ACTIVE_JOB_STATES[1:])
         if not job.exists() or BudgetPause.objects.filter(job_id=job_id, released_at=None).exists():
             return 0
-        live = Attempt.objects.filter(job_id=job_id, state=AttemptState.RUNNING).first()
+        live = Attempt.objects.filter(job_id=job_id, state__in=LIVE_ON_HOST).first()
+        training = live is not None and live.state == AttemptState.RUNNING
         pause = BudgetPause.objects.create(
             job_id=job_id,
             attempt=live,
@@ -159,19 +257,20 @@ def start_pause(job_id: int, status: LimitStatus, *, now: datetime) -> int:
             spent_usd=status.spent_usd,
             period_start=status.period_start,
             requested_at=now,
-            deadline=pause_deadline(status, now=now) if live else now,
+            asked_at=now if training else None,
+            deadline=(pause_deadline(status, now=now) or now) if live else now,
             checkpoint_step=newest_ready_step(job_id),
         )
+        if training:
+            _ask_agent(live.pk)
         if live is not None:
-            # "stop" (a fenced agent) must not be replaced by a checkpoint request.
-            Attempt.objects.filter(pk=live.pk, pending_command="").update(
-                pending_command="checkpoint_now"
-            )
             services.record_event(
                 job_id,
                 now=now,
                 kind="budget_checkpoint",
-                message=f"{status.describe()}: checkpoint asked before releasing the machine",
+                message=f"{status.describe()}: checkpoint asked before releasing the machine"
+                if training
+                else f"{status.describe()}: checkpoint to be asked once training starts",
             )
     if live is None:
         release(pause, now=now)
@@ -179,6 +278,7 @@ def start_pause(job_id: int, status: LimitStatus, *, now: datetime) -> int:
 
 
 def newest_ready_step(job_id: int) -> int | None:
+    """The step of JOB_ID's newest ready checkpoint (what a release keeps), None without one."""
     return (
         Checkpoint.objects.filter(job_id=job_id, state="ready")
         .order_by("-step")
@@ -187,23 +287,64 @@ def newest_ready_step(job_id: int) -> int | None:
     )
 
 
-def checkpoint_arrived(pause: BudgetPause) -> bool:
-    """A checkpoint newer than the pause's request became ready."""
+def _ask_agent(attempt_id: int) -> None:
+    # "stop" (a fenced agent) must not be replaced by a checkpoint request.
+    Attempt.objects.filter(pk=attempt_id, pending_command="").update(
+        pending_command="checkpoint_now"
+    )
+
+
+def checkpoint_state(pause: BudgetPause) -> str:
+    """Where PAUSE's last checkpoint request stands: ``NOT_ASKED``, ``ASKED`` or ``ARRIVED``
+    (a checkpoint newer than the request became ready)."""
+    if pause.asked_at is None:
+        return NOT_ASKED
     newer = Checkpoint.objects.filter(
-        job_id=pause.job_id, state="ready", ready_at__gte=pause.requested_at
+        job_id=pause.job_id, state="ready", ready_at__gte=pause.asked_at
     )
     if pause.checkpoint_step is not None:
         newer = newer.filter(step__gt=pause.checkpoint_step)
-    return newer.exists()
+    return ARRIVED if newer.exists() else ASKED
 
 
 def finish_pauses(*, now: datetime) -> int:
-    """Release the machines of open pauses whose checkpoint arrived or deadline passed."""
+    """Act on every open pause (``pause_action``): release its machine, or ask for a checkpoint
+    (once the job trains). Returns how many machines were released."""
     released = 0
-    for pause in BudgetPause.objects.filter(released_at=None).select_related("job"):
-        if pause.deadline <= now or checkpoint_arrived(pause):
+    for pause in BudgetPause.objects.filter(released_at=None).select_related("attempt"):
+        action = RELEASE if pause.deadline <= now else _action(pause, now=now)
+        if action == RELEASE:
             released += release(pause, now=now)
+        elif action == ASK:
+            ask_for_checkpoint(pause, now=now)
     return released
+
+
+def _action(pause: BudgetPause, *, now: datetime) -> str:
+    attempt = pause.attempt
+    started = (attempt.registered_at or attempt.rented_at) if attempt else None
+    return pause_action(
+        now=now,
+        started_at=min(started or pause.requested_at, pause.requested_at),
+        deadline=pause.deadline,
+        lead_s=job_lead_s(pause.job_id),
+        checkpoint=checkpoint_state(pause),
+    )
+
+
+def ask_for_checkpoint(pause: BudgetPause, *, now: datetime) -> bool:
+    """Ask PAUSE's agent for a checkpoint now (nearer the deadline than any before), if it
+    trains: an agent still starting has no script to signal yet."""
+    if pause.attempt is None or pause.attempt.state != AttemptState.RUNNING:
+        return False
+    claim = BudgetPause.objects.filter(pk=pause.pk, released_at=None, asked_at=pause.asked_at)
+    if not claim.update(asked_at=now, checkpoint_step=newest_ready_step(pause.job_id)):
+        return False  # another enforcer asked first
+    _ask_agent(pause.attempt_id)
+    logger.info(
+        "job %s: checkpoint asked, %s before the deadline", pause.job_id, pause.deadline - now
+    )
+    return True
 
 
 def release(pause: BudgetPause, *, now: datetime) -> int:

@@ -70,8 +70,9 @@ class BudgetWarning(models.Model):
 
 
 class BudgetPause(models.Model):
-    """A job being stopped by a limit: checkpoint asked at ``requested_at``, machine released at
-    ``released_at`` (at the latest ``deadline``). One open pause per job."""
+    """A job being stopped by a limit: opened (and a checkpoint asked) at ``requested_at``, the
+    latest checkpoint asked at ``asked_at`` when the newest ready one was ``checkpoint_step``,
+    machine released at ``released_at`` (at the latest ``deadline``). One open pause per job."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="budget_pauses")
     attempt = models.ForeignKey(Attempt, on_delete=models.SET_NULL, null=True, blank=True)
@@ -80,6 +81,7 @@ class BudgetPause(models.Model):
     spent_usd = models.FloatField()
     period_start = models.DateTimeField()
     requested_at = models.DateTimeField()
+    asked_at = models.DateTimeField(null=True, blank=True)
     deadline = models.DateTimeField()
     released_at = models.DateTimeField(null=True, blank=True)
     checkpoint_step = models.PositiveIntegerField(null=True, blank=True)

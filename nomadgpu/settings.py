@@ -219,8 +219,9 @@ RENT_BACKOFF_CAP_S = envint("RENT_BACKOFF_CAP_S", 300)
 PROVIDER_POLL_INTERVAL_S = envfloat("PROVIDER_POLL_INTERVAL_S", 10.0)
 # How often the notification outbox is swept for due (retried) deliveries.
 NOTIFY_INTERVAL_S = envfloat("NOTIFY_INTERVAL_S", 5.0)
-# Spending limits: how long a job stopped by a limit may take to upload its checkpoint before
-# its machine is destroyed anyway, and the $/h per GPU of the pre-flight's reference host.
+# Spending limits: how long ahead of the money running out a job is asked for its checkpoint
+# while none of its uploads was measured yet (then: its measured upload time plus a margin),
+# and the $/h per GPU of the pre-flight's reference host.
 BUDGET_CHECKPOINT_GRACE_S = envfloat("BUDGET_CHECKPOINT_GRACE_S", 120.0)
 BUDGET_ESTIMATE_DPH = envfloat("BUDGET_ESTIMATE_DPH", 0.40)
 # Invoices: how often charges and payments are imported from Vast, how far back the first

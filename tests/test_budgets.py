@@ -212,6 +212,142 @@ def test_the_deadline_is_cut_to_one_interval_before_the_projected_crossing(cast,
     assert timedelta(seconds=25) < pause.deadline - NOW < timedelta(seconds=40)
 
 
+# --- Timing the checkpoint: uploaded just before the money runs out -------------------------
+
+T = NOW  # the attempt registers; a pass every 5 s (WATCHDOG_INTERVAL_S)
+
+
+def at(seconds: float) -> datetime:
+    return T + timedelta(seconds=seconds)
+
+
+def command_for(client, token: str, seq: int) -> str:
+    """What the agent's next heartbeat is told (through the agent API)."""
+    body = {"seq": seq, "phase": "running", "gpu": {"ok": True}}
+    reply = client.post(
+        "/api/agent/heartbeat", body, content_type="application/json",
+        headers={"Authorization": f"Bearer {token}"},
+    )  # fmt: skip
+    return reply.json()["command"]
+
+
+def uploaded(attempt, step: int, *, asked: float, ready: float) -> Checkpoint:
+    """A checkpoint the agent asked targets for at ASKED s and completed at READY s."""
+    return Checkpoint.objects.create(
+        job=attempt.job, attempt=attempt, step=step, state="ready", key=f"k{step}", size=1,
+        created_at=at(asked), ready_at=at(ready),
+    )  # fmt: skip
+
+
+def tight_job(team, **job_fields):
+    """The issue's run: $0.05 on a $3.47/h host, registered at T: the money lasts 51.9 s."""
+    job = JobFactory(team=team, state="running", created_at=T, budget_usd="0.05", **job_fields)
+    attempt, token = make_attempt(
+        job, state="running", rented_at=T, registered_at=T, dph_base=3.47, disk_gb=0
+    )
+    return job, attempt, token
+
+
+@pytest.mark.parametrize(
+    ("now_s", "checkpoint", "expected"),
+    [
+        (46.9, enforce.ASKED, enforce.RELEASE),  # the deadline: whatever the job has
+        (40, enforce.ASKED, enforce.WAIT),  # the checkpoint asked for is on its way
+        (5, enforce.ARRIVED, enforce.WAIT),  # an early one arrived: another fits later
+        (18, enforce.ARRIVED, enforce.ASK),  # the last pass that can still get one in
+        (30, enforce.ARRIVED, enforce.RELEASE),  # no later one fits, most money used
+        (24, enforce.ARRIVED, enforce.ASK),  # no later one fits, under half used: try anyway
+        (5, enforce.NOT_ASKED, enforce.WAIT),  # registered, not training yet: ask in time
+        (30, enforce.NOT_ASKED, enforce.ASK),  # late, but never released without asking
+    ],
+)
+def test_what_an_open_pause_does_at_each_pass(now_s, checkpoint, expected, settings):
+    settings.WATCHDOG_INTERVAL_S = 5
+    action = enforce.pause_action(
+        now=at(now_s), started_at=T, deadline=at(46.9), lead_s=24.25, checkpoint=checkpoint
+    )
+
+    assert action == expected
+
+
+def test_the_lead_is_the_measured_upload_with_a_margin_or_else_the_grace(settings):
+    settings.BUDGET_CHECKPOINT_GRACE_S = 120
+
+    measured = enforce.checkpoint_lead_s([0.5, 20.0], heartbeat_s=15, seconds_per_step=2)
+
+    assert measured == pytest.approx(1.5 * (15 + 2 + 20) + 1)
+    assert enforce.checkpoint_lead_s([], heartbeat_s=15, seconds_per_step=2) == 120
+
+
+def test_a_tight_limit_keeps_the_job_training_past_its_first_checkpoint(cast, client):
+    job, attempt, token = tight_job(cast.team_a)
+
+    enforce.enforce_budgets(now=at(1))  # the grace (120 s) is more than the money (52 s)
+    assert command_for(client, token, 1) == "checkpoint_now"
+    uploaded(attempt, 4, asked=1.0, ready=1.5)  # step 4 of 240, uploaded in 0.5 s
+    for seq, second in enumerate((5, 10, 15), start=2):
+        enforce.enforce_budgets(now=at(second))
+        assert command_for(client, token, seq) == "continue"
+        assert state(job) == "running"
+
+    enforce.enforce_budgets(now=at(20))  # 15 s heartbeat + 0.5 s upload, x1.5 + 1: 24 s lead
+    assert command_for(client, token, 5) == "checkpoint_now"
+    uploaded(attempt, 140, asked=31.0, ready=31.5)
+    enforce.enforce_budgets(now=at(35))
+
+    [paused] = events(job, "budget_paused")
+    assert state(job) == "paused_budget"
+    assert paused.data["checkpoint_step"] == 140
+    spent = job_spend(job, now=at(60)).total
+    assert 0.5 * 0.05 < spent <= 0.05
+
+
+def test_a_job_with_measured_uploads_is_asked_one_lead_before_the_money_runs_out(cast):
+    # $1.728/h: $1 lasts 2077 s; the job's uploads take 20 s: its lead is 1.5 x 35 + 1 = 53.5 s.
+    job, attempt = running_job(cast.team_a, since=at(-2000), budget_usd=1)
+    uploaded(attempt, 100, asked=-1000, ready=-980)
+
+    enforce.enforce_budgets(now=at(0))  # 77 s left: more than a lead and two passes
+    assert not BudgetPause.objects.filter(job=job).exists()
+
+    enforce.enforce_budgets(now=at(15))  # 62 s left
+    pause = BudgetPause.objects.get(job=job)
+    assert Attempt.objects.get(pk=attempt.pk).pending_command == "checkpoint_now"
+    assert abs(pause.deadline - at(70.5)) < timedelta(seconds=1)  # 5 s before the crossing
+
+    uploaded(attempt, 160, asked=50, ready=70)
+    enforce.enforce_budgets(now=at(70))
+    assert state(job) == "paused_budget"
+    assert events(job, "budget_paused")[0].data["checkpoint_step"] == 160
+
+
+def test_a_checkpoint_that_never_comes_releases_at_the_deadline_with_the_last_one(cast):
+    job, attempt, _ = tight_job(cast.team_a)
+    uploaded(attempt, 4, asked=-30, ready=-29.5)  # from before: the lead is 24 s
+
+    for second in range(0, 45, 5):
+        enforce.enforce_budgets(now=at(second))
+        assert state(job) == "running"  # asked at 20 s; the script never answers
+
+    enforce.enforce_budgets(now=at(50))
+    assert state(job) == "paused_budget"
+    assert events(job, "budget_paused")[0].data["checkpoint_step"] == 4
+
+
+def test_a_burst_during_a_pause_releases_the_machine_at_the_next_pass(cast):
+    # 1.5 h at $0.297/h and 1.1 GB at $0.044/GB: $0.494 of $0.50, about 75 s left.
+    job, attempt = running_job(cast.team_a, offer_id=HEAVY_4090, since=at(-5400), budget_usd="0.5")
+    Attempt.objects.filter(pk=attempt.pk).update(bytes_down=int(1.1 * GB))
+    enforce.enforce_budgets(now=at(0))
+    assert BudgetPause.objects.get(job=job).deadline > at(60)
+    assert state(job) == "running"
+
+    Attempt.objects.filter(pk=attempt.pk).update(bytes_down=2 * GB)  # a download: over the limit
+    enforce.enforce_budgets(now=at(5))
+
+    assert state(job) == "paused_budget"
+
+
 def test_a_job_without_a_training_host_is_paused_at_once(cast):
     limits(cast.team_a, daily_usd=1)
     _spent, _ = running_job(cast.team_a, since=NOW - timedelta(hours=1))
@@ -386,9 +522,11 @@ def paused_job(cast, settings, **fields):
 
 
 def test_an_admin_resumes_a_paused_job_after_raising_its_limit(
-    client, cast, settings, django_capture_on_commit_callbacks
+    client, cast, settings, django_capture_on_commit_callbacks, monkeypatch
 ):
     job = paused_job(cast, settings, budget_usd=1)
+    planned = []
+    monkeypatch.setattr(renting, "plan_rent", lambda job_id, *, now: planned.append(job_id))
     client.force_login(cast.admin)
     url = reverse("job-resume", args=[job.pk])
 
@@ -404,7 +542,10 @@ def test_an_admin_resumes_a_paused_job_after_raising_its_limit(
     assert reply.url == reverse("job-detail", args=[job.pk])
     assert state(job) == "queued"
     assert events(job, "budget_resumed")[0].message.startswith("resumed by alice")
-    assert len(callbacks) == 1  # plan_rent, after commit
+    assert planned == []  # renting waits for the commit
+    for callback in callbacks:
+        callback()
+    assert planned == [job.pk]
 
 
 def test_a_new_period_lets_the_job_resume(

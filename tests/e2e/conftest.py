@@ -119,6 +119,24 @@ def supervisor(live_server, settings, sandbox, tmp_path, celery_worker_thread):
     ticker.join()
 
 
+@pytest.fixture
+def enforcer(supervisor):
+    """Stands in for beat's billing-enforce entry at the e2e cadence (through the broker)."""
+    from billing.tasks import enforce_budgets
+
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(0.5):
+            enforce_budgets.apply_async(expires=2)
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    yield
+    stop.set()
+    thread.join()
+
+
 @pytest.fixture(scope="session")
 def uninterrupted_digest() -> str:
     """The toy trainer's final digest without any interruption (the reference)."""

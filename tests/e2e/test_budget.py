@@ -3,7 +3,6 @@ and the job paused; raising the limit and resuming continues it from that checkp
 
 from __future__ import annotations
 
-import threading
 from decimal import Decimal
 
 import pytest
@@ -12,7 +11,6 @@ from django.utils import timezone
 from billing.models import BudgetPause
 from billing.services import resume_job
 from billing.spend import job_spend
-from billing.tasks import enforce_budgets
 from jobs.models import Checkpoint, Job, JobState
 from tests.e2e.conftest import (
     FIELD_REPORT_REQUIREMENTS,
@@ -28,22 +26,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 # 300 steps of 0.1 s: 30 s of training on an H100 SXM ($1.73/h), about $0.015 in all.
 RUN = toy_env(steps=300, every=100, step_seconds=0.1)
-
-
-@pytest.fixture
-def enforcer(supervisor):
-    """Stands in for beat's billing-enforce entry at the e2e cadence (through the broker)."""
-    stop = threading.Event()
-
-    def beat() -> None:
-        while not stop.wait(0.5):
-            enforce_budgets.apply_async(expires=2)
-
-    thread = threading.Thread(target=beat, daemon=True)
-    thread.start()
-    yield
-    stop.set()
-    thread.join()
 
 
 def test_a_job_reaching_its_budget_checkpoints_is_released_and_resumes(
@@ -93,3 +75,38 @@ def test_a_job_reaching_its_budget_checkpoints_is_released_and_resumes(
     assert second.number == 2
     assert second.resumed_from_step == kept.step
     assert f"final-digest: {toy_digest(RUN)}" in second.log_tail
+
+
+def test_a_tight_limit_is_used_up_and_the_checkpoint_nearest_it_kept(
+    supervisor, enforcer, settings
+):
+    # The grace (120 s) is longer than the money lasts (about 40 s on the H100 SXM): the first
+    # checkpoint comes within seconds, and the job must train on until just before the end.
+    settings.WATCHDOG_INTERVAL_S = 0.5
+    run = toy_env(steps=2000, every=100_000, step_seconds=0.1)  # checkpoints only when asked
+    job = supervisor.submit_toy(
+        env=run,
+        total_steps=2000,
+        budget_usd=Decimal("0.02"),
+        requirements={**FIELD_REPORT_REQUIREMENTS, "gpu_names": ["H100 SXM"]},
+        profile={
+            "image_gb": 0.1,
+            "model_gb": 0.0,
+            "upload_gb": 0.0,
+            "reference_gpu": "H100 SXM",
+            "reference_seconds_per_step": 0.001,
+            "container_start_s": 1,
+        },
+    )
+
+    wait_state(job, JobState.PAUSED_BUDGET, timeout=120)
+
+    (attempt,) = job.attempts.all()
+    kept = Checkpoint.objects.filter(job=job, state="ready").order_by("-step").first()
+    spent = job_spend(job, now=timezone.now()).total
+    one_interval = (attempt.dph_base + attempt.storage_usd_per_gb_hour * attempt.disk_gb) * 0.5
+    assert 0.8 * 0.02 <= spent <= 0.02 + one_interval / 3600
+    assert kept is not None
+    assert job.events.get(kind="budget_paused").data["checkpoint_step"] == kept.step
+    assert (attempt.ended_at - kept.ready_at).total_seconds() < 5  # the newest, not the first
+    assert Checkpoint.objects.filter(job=job, state="ready").count() >= 2
