@@ -38,6 +38,7 @@ from agent.client import (
 from agent.gpu import GpuMonitor, query_gpus, unhealthy
 from agent.heartbeat import Heartbeater, clamp_interval
 from agent.logs import LogTail, OutputPump, RotatingFile, TailHandler
+from agent.netdev import NetCounter
 from agent.progress import ProgressWatcher
 from agent.uploader import Uploader
 
@@ -110,6 +111,7 @@ class Agent:
         self.o = options
         self.tail = LogTail()
         self.counter = ck.ByteCounter()
+        self.net = NetCounter()  # the baseline: what moved before the agent started is not ours
         self.progress = ProgressWatcher(options.workdir / "progress.json")
         self.gpu = GpuMonitor(timeout_s=options.gpu_timeout_s)
         self.fenced = threading.Event()  # token dead: kill, upload nothing, exit
@@ -384,8 +386,13 @@ class Agent:
             "gpu": self.gpu.latest or unhealthy("not measured yet"),
             "bytes_down": self.counter.down,
             "bytes_up": self.counter.up,
+            **self._net_bytes(),
             "log_tail": self.tail.text(),
         }
+
+    def _net_bytes(self) -> dict[str, int]:
+        moved = self.net.sample()
+        return {} if moved is None else {"net_rx_bytes": moved[0], "net_tx_bytes": moved[1]}
 
     def _on_command(self, command: str) -> None:
         if command == "checkpoint_now":

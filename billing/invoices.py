@@ -192,12 +192,13 @@ def earliest_day(team, *, now: datetime) -> date:
 
 
 def sync_team(team, *, now: datetime, client: vast.VastClient | None = None) -> ImportResult:
-    """Import TEAM's charges day by day and its payments, then match charges to attempts.
+    """Import TEAM's charges day by day and its payments, then match charges to attempts (and
+    note each attempt's billed traffic, which its spend counts).
 
     Safe to run twice and to resume: every day is upserted on natural keys in one transaction
     with the cursor. Provider calls happen outside transactions. Raises on a provider error
     after keeping the days already finished (and records the error on the sync row)."""
-    from billing.reconcile import match_charges
+    from billing.reconcile import match_charges, note_billed_traffic
 
     sync, _ = InvoiceSync.objects.get_or_create(team=team)
     own_client = client is None
@@ -228,6 +229,7 @@ def sync_team(team, *, now: datetime, client: vast.VastClient | None = None) -> 
             client.close()
     InvoiceSync.objects.filter(pk=sync.pk).update(last_run_at=now, synced_until=now, last_error="")
     result.matched = match_charges(team, now=now)
+    note_billed_traffic(team, now=now)
     return result
 
 
@@ -284,7 +286,7 @@ def import_csv(team, data: bytes, *, now: datetime) -> ImportResult:
     """Import a charges CSV (``CSV_COLUMNS``) for TEAM: every row valid, or nothing imported.
 
     Raises ``CsvRejected`` listing each bad row by its line number in the file."""
-    from billing.reconcile import match_charges
+    from billing.reconcile import match_charges, note_billed_traffic
 
     parsed = parse_csv(data)
     # An export of the shared account holds other teams' rentals: never this team's charges.
@@ -292,11 +294,13 @@ def import_csv(team, data: bytes, *, now: datetime) -> ImportResult:
     records = [r for r in parsed if belongs(r)]
     with transaction.atomic():
         items = store_charges(team, records, origin=ChargeOrigin.CSV, now=now)
+    matched = match_charges(team, now=now)
+    note_billed_traffic(team, now=now)
     return ImportResult(
         days=len({r.day for r in records}),
         charges=len(records),
         items=items,
-        matched=match_charges(team, now=now),
+        matched=matched,
         skipped=len(parsed) - len(records),
     )
 

@@ -1,8 +1,9 @@
 """Reconciliation: what Vast billed against what NomadGPU recorded, and the savings.
 
-"Recorded" is ``billing.spend.attempt_spend`` (rates copied at rent, the attempt's own
-timestamps and the agent's byte counters). "Billed" is the sum of the imported charges matched
-to the attempt. They are compared per component — GPU, storage, download, upload, the charge
+"Recorded" is ``billing.spend.attempt_spend`` as measured (rates copied at rent, the attempt's
+own timestamps, the container's byte counters and the image pull estimate; never the billed
+traffic that spend counts for budgets). "Billed" is the sum of the imported charges matched to
+the attempt. They are compared per component — GPU, storage, download, upload, the charge
 items ``gpu``, ``disk``, ``bwd``, ``bwu`` — and in total.
 
 Statuses (``Status``): matched (every component and the total within the tolerance: 2 % of
@@ -24,11 +25,11 @@ from typing import ClassVar
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Max, Prefetch
+from django.db.models import Max, Prefetch, Sum
 from django.utils import timezone
 
 from billing.models import Charge, ChargeItem, DiscrepancyFlag, InvoiceSync
-from billing.spend import GB, attempt_spend
+from billing.spend import GB, attempt_spend, traffic_bytes
 
 # A charge belongs to an attempt whose rental it overlaps; this much slack absorbs clock
 # skew between Vast's usage records and ours.
@@ -181,6 +182,38 @@ def match_charges(team, *, now: datetime) -> int:
     return linked
 
 
+def note_billed_traffic(team, *, now: datetime) -> int:
+    """Copy the traffic billed to each of TEAM's matched attempts onto it, with the moment the
+    import covers, so spend (and the budgets) count the invoice without reading charges.
+    Returns how many attempts changed."""
+    from jobs.models import Attempt
+
+    covered = covered_until(team) or now
+    billed: dict[int, dict[str, float]] = {
+        a: {"billed_download_usd": 0.0, "billed_upload_usd": 0.0}
+        for a in Charge.objects.filter(team=team, attempt__isnull=False).values_list(
+            "attempt_id", flat=True
+        )
+    }
+    sums = (
+        ChargeItem.objects.filter(charge__team=team, charge__attempt__isnull=False)
+        .filter(type__in=("bwd", "bwu"))
+        .values_list("charge__attempt_id", "type")
+        .annotate(total=Sum("amount"))
+    )
+    for attempt_id, kind, total in sums:
+        field = "billed_download_usd" if kind == "bwd" else "billed_upload_usd"
+        billed[attempt_id][field] = float(total)
+    changed = 0
+    for attempt_id, amounts in billed.items():
+        changed += (
+            Attempt.objects.filter(pk=attempt_id)
+            .exclude(billed_through=covered, **amounts)
+            .update(billed_through=covered, **amounts)
+        )
+    return changed
+
+
 # --- one attempt ----------------------------------------------------------------------------
 
 
@@ -199,11 +232,12 @@ def recorded_quantities(attempt, *, now: datetime) -> dict[str, tuple[float, flo
     def hours(start):
         return max((end - start).total_seconds() / 3600.0, 0.0) if start else 0.0
 
+    down, up = traffic_bytes(attempt)
     return {
         "gpu": (hours(attempt.registered_at), attempt.dph_base),
         "storage": (attempt.disk_gb * hours(attempt.rented_at), attempt.storage_usd_per_gb_hour),
-        "download": (attempt.bytes_down / GB, attempt.download_usd_per_gb),
-        "upload": (attempt.bytes_up / GB, attempt.upload_usd_per_gb),
+        "download": (down / GB, attempt.download_usd_per_gb),
+        "upload": (up / GB, attempt.upload_usd_per_gb),
     }
 
 
@@ -219,7 +253,7 @@ def compare_components(
     attempt, charges, *, now: datetime, tolerance: Tolerance
 ) -> tuple[Component, ...]:
     """Recorded vs billed for GPU, storage, download and upload of ATTEMPT."""
-    spend = attempt_spend(attempt, now=now)
+    spend = attempt_spend(attempt, now=now, invoiced=False)
     quantities = recorded_quantities(attempt, now=now)
     items = billed_items(charges)
     out = []

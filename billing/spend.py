@@ -2,9 +2,9 @@
 
 Vast bills (``shared/vast-api.md`` §7): GPU per second while the instance runs, storage per
 second from creation until destroy, traffic per GB each way in any state. The attempt row
-holds the rates copied from the offer at rent time and the agent's byte counters, so spend is
-computed, never accrued in place: recomputing it is always safe and a recovery can never count
-an attempt twice (each attempt is its own interval).
+holds the rates copied from the offer at rent time and the byte counters its agent reports, so
+spend is computed, never accrued in place: recomputing it is always safe and a recovery can
+never count an attempt twice (each attempt is its own interval).
 
 Moments used:
 - storage: ``rented_at`` (create accepted) until ``ended_at`` (loss, cancel or finish: the
@@ -12,7 +12,23 @@ Moments used:
 - GPU: ``registered_at`` (the container runs the onstart script, so the agent's first call
   marks the start of ``running``) until the same end. The image pull before it is billed
   storage only, like Vast's ``loading``;
-- traffic: the agent's counters (bytes down and up), priced per 1024³ bytes.
+- traffic, priced per 1024³ bytes each way, is *measured* (``traffic_bytes``): the container's
+  counters (``net_rx_bytes``/``net_tx_bytes``: every byte since the agent started, the training
+  command's downloads included) or the agent's own object counters, whichever is larger (an
+  older agent reports only the latter); plus, downloaded, the image pull as priced at rent (the
+  profile's ``image_gb`` in the attempt's decision), counted from the rent: the pull happens
+  before the agent starts, so no counter sees it. An adopted instance has no estimate.
+
+The invoice replaces the estimate. Once an import has billed the attempt's traffic
+(``billed_download_usd``/``billed_upload_usd``, copied by ``reconcile.note_billed_traffic``
+with the moment the import covers, ``billed_through``):
+- an attempt that ended by that moment costs exactly what was billed: the invoice holds all
+  of its traffic, so a cached or smaller image than the profile said shows here;
+- a live one (or one that ended after the import) costs the larger of measured and billed: an
+  import covers only what was used before its sync, so it must not lower what was measured
+  since, and what Vast billed that no counter saw still counts.
+Reconciliation compares the measured figure alone (``invoiced=False``): a wrong invoice must
+still show as a difference.
 
 An attempt that was never rented (no ``rented_at``) has cost nothing.
 """
@@ -53,16 +69,43 @@ def _hours(start: datetime | None, end: datetime) -> float:
     return (end - start).total_seconds() / 3600.0
 
 
-def attempt_spend(attempt, *, now: datetime) -> Spend:
-    """What ATTEMPT has cost up to NOW (or up to its end, if it ended before NOW)."""
+def image_pull_bytes(attempt) -> int:
+    """The image pull as priced when ATTEMPT was rented (0 without a rent decision)."""
+    profile = (attempt.decision or {}).get("profile") or {}
+    return int(float(profile.get("image_gb") or 0.0) * GB)
+
+
+def traffic_bytes(attempt) -> tuple[int, int]:
+    """Bytes (down, up) ATTEMPT moved as measured, the image pull estimate included."""
+    down = max(attempt.net_rx_bytes, attempt.bytes_down) + image_pull_bytes(attempt)
+    return down, max(attempt.net_tx_bytes, attempt.bytes_up)
+
+
+def traffic_usd(attempt, *, invoiced: bool = True) -> tuple[float, float]:
+    """Dollars (download, upload) of ATTEMPT's traffic: measured, or with INVOICED what the
+    imported invoice billed, by the rule in the module docstring."""
+    down, up = traffic_bytes(attempt)
+    measured = (attempt.download_usd_per_gb * down / GB, attempt.upload_usd_per_gb * up / GB)
+    if not invoiced or attempt.billed_through is None:
+        return measured
+    billed = (attempt.billed_download_usd or 0.0, attempt.billed_upload_usd or 0.0)
+    if attempt.ended_at is not None and attempt.ended_at <= attempt.billed_through:
+        return billed
+    return max(measured[0], billed[0]), max(measured[1], billed[1])
+
+
+def attempt_spend(attempt, *, now: datetime, invoiced: bool = True) -> Spend:
+    """What ATTEMPT has cost up to NOW (or up to its end, if it ended before NOW); INVOICED
+    False leaves billed traffic out (reconciliation's recorded side)."""
     if attempt.rented_at is None:
         return Spend()
     end = min(attempt.ended_at, now) if attempt.ended_at else now
+    download, upload = traffic_usd(attempt, invoiced=invoiced)
     return Spend(
         gpu=attempt.dph_base * _hours(attempt.registered_at, end),
         storage=attempt.storage_usd_per_gb_hour * attempt.disk_gb * _hours(attempt.rented_at, end),
-        download=attempt.download_usd_per_gb * attempt.bytes_down / GB,
-        upload=attempt.upload_usd_per_gb * attempt.bytes_up / GB,
+        download=download,
+        upload=upload,
     )
 
 
@@ -89,9 +132,9 @@ def attempt_spend_between(attempt, lo: datetime, hi: datetime, *, now: datetime)
     """The part of ATTEMPT's spend that falls in the window [LO, HI) as seen at NOW.
 
     GPU and storage time are clipped to the window, so a job running across midnight counts
-    in both days for the time it ran in each. The byte counters carry no timestamps: traffic
-    is spread evenly over the instance's life so far (rent to end, or NOW), so the shares of
-    all periods still add up to the attempt's traffic exactly once.
+    in both days for the time it ran in each. The byte counters (and the invoice's traffic)
+    carry no timestamps: traffic is spread evenly over the instance's life so far (rent to
+    end, or NOW), so the shares of all periods still add up to the attempt's traffic once.
     """
     if attempt.rented_at is None:
         return Spend()
@@ -100,13 +143,14 @@ def attempt_spend_between(attempt, lo: datetime, hi: datetime, *, now: datetime)
     share = _overlap_hours(attempt.rented_at, end, lo, hi) / life_h if life_h > 0 else 0.0
     if life_h == 0 and lo <= attempt.rented_at < hi:
         share = 1.0
+    download, upload = traffic_usd(attempt)
     return Spend(
         gpu=attempt.dph_base * _overlap_hours(attempt.registered_at, end, lo, hi),
         storage=attempt.storage_usd_per_gb_hour
         * attempt.disk_gb
         * _overlap_hours(attempt.rented_at, end, lo, hi),
-        download=attempt.download_usd_per_gb * attempt.bytes_down / GB * share,
-        upload=attempt.upload_usd_per_gb * attempt.bytes_up / GB * share,
+        download=download * share,
+        upload=upload * share,
     )
 
 

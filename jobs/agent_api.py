@@ -91,6 +91,9 @@ class HeartbeatIn(BaseModel):
     gpu: GpuHealthIn
     bytes_down: int = Field(0, ge=0)
     bytes_up: int = Field(0, ge=0)
+    # The container's traffic since the agent started; an older agent sends neither.
+    net_rx_bytes: int | None = Field(None, ge=0, le=2**63 - 1)
+    net_tx_bytes: int | None = Field(None, ge=0, le=2**63 - 1)
     log_tail: str = Field("", max_length=16 * 1024)
 
 
@@ -143,6 +146,8 @@ def heartbeat(request: HttpRequest, payload: HeartbeatIn) -> dict:
         bytes_down=payload.bytes_down,
         bytes_up=payload.bytes_up,
         log_tail=payload.log_tail,
+        net_rx_bytes=payload.net_rx_bytes,
+        net_tx_bytes=payload.net_tx_bytes,
     )
     with token_answers():
         return agent_services.heartbeat(request.auth, beat, now=timezone.now())

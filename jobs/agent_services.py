@@ -247,6 +247,8 @@ class Heartbeat:
     bytes_down: int
     bytes_up: int
     log_tail: str
+    net_rx_bytes: int | None = None  # None: not reported (an older agent); the stored value stays
+    net_tx_bytes: int | None = None
 
 
 def heartbeat(token: str, beat: Heartbeat, *, now: datetime) -> dict:
@@ -311,10 +313,10 @@ def sample_loss(attempt: Attempt, beat: Heartbeat, *, now: datetime) -> bool:
     return True
 
 
-# The heartbeat's guarded write, written out: building it with the ORM (a CASE, three COALESCEs)
-# cost more CPU than the rest of the request. A missing step, total or loss keeps the stored
-# value; progress is a step above the stored one; a pending checkpoint_now is cleared only if
-# it is the command this beat's answer delivers ({delivered}).
+# The heartbeat's guarded write, written out: building it with the ORM (a CASE, five COALESCEs)
+# cost more CPU than the rest of the request. A missing step, total, loss or traffic total keeps
+# the stored value; progress is a step above the stored one; a pending checkpoint_now is cleared
+# only if it is the command this beat's answer delivers ({delivered}).
 _HEARTBEAT_SET = """
     last_seq = %(seq)s, last_heartbeat_at = %(now)s, heartbeat_deadline = {deadline},
     phase = %(phase)s,
@@ -324,6 +326,8 @@ _HEARTBEAT_SET = """
     loss = COALESCE(%(loss)s, a.loss), seconds_per_step = %(seconds_per_step)s,
     gpu_ok = %(gpu_ok)s, gpu_error = %(gpu_error)s, bytes_down = %(bytes_down)s,
     bytes_up = %(bytes_up)s, log_tail = %(log_tail)s,
+    net_rx_bytes = COALESCE(%(net_rx_bytes)s, a.net_rx_bytes),
+    net_tx_bytes = COALESCE(%(net_tx_bytes)s, a.net_tx_bytes),
     pending_command = CASE WHEN a.pending_command = 'checkpoint_now'
                            AND {delivered} = 'checkpoint_now'
                       THEN '' ELSE a.pending_command END
@@ -360,6 +364,8 @@ def _heartbeat_params(beat: Heartbeat, *, now: datetime) -> dict:
         "gpu_error": beat.gpu_error[:300],
         "bytes_down": beat.bytes_down,
         "bytes_up": beat.bytes_up,
+        "net_rx_bytes": beat.net_rx_bytes,
+        "net_tx_bytes": beat.net_tx_bytes,
         "log_tail": beat.log_tail[-LOG_TAIL_LIMIT:],
         "starting": AttemptState.STARTING,
         "running": AttemptState.RUNNING,

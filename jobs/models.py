@@ -176,6 +176,15 @@ class Attempt(models.Model):
     gpu_error = models.CharField(max_length=300, blank=True)
     bytes_down = models.PositiveBigIntegerField(default=0)
     bytes_up = models.PositiveBigIntegerField(default=0)
+    # Everything the container moved since its agent started (the agent's own bytes, the
+    # training command's downloads): Vast bills every byte, so spend counts the larger total.
+    net_rx_bytes = models.PositiveBigIntegerField(default=0)
+    net_tx_bytes = models.PositiveBigIntegerField(default=0)
+    # The traffic Vast billed for this instance, as of the last invoice import (null: none yet),
+    # and the moment that import covers (``billing.reconcile.note_billed_traffic``).
+    billed_download_usd = models.FloatField(null=True, blank=True)
+    billed_upload_usd = models.FloatField(null=True, blank=True)
+    billed_through = models.DateTimeField(null=True, blank=True)
     log_tail = models.TextField(blank=True)
     pending_command = models.CharField(max_length=20, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)

@@ -96,6 +96,19 @@ def test_heartbeats_record_progress_and_move_the_deadline(client):
     assert attempt.last_seq == 2
 
 
+def test_heartbeats_record_the_containers_traffic_and_an_older_agents_keep_it(client):
+    attempt, token = make_attempt()
+    traffic = {"net_rx_bytes": 3 * 1024**3 + 17, "net_tx_bytes": 4_000_000}
+
+    call(client, token, "heartbeat", beat(1, 10, bytes_down=100, **traffic))
+    call(client, token, "heartbeat", beat(2, 11, bytes_down=100))  # an agent without counters
+    attempt.refresh_from_db()
+
+    assert (attempt.net_rx_bytes, attempt.net_tx_bytes) == (3 * 1024**3 + 17, 4_000_000)
+    assert attempt.bytes_down == 100
+    assert call(client, token, "heartbeat", beat(3, net_rx_bytes=-1)).status_code == 422
+
+
 def test_a_repeated_or_out_of_order_heartbeat_is_harmless(client):
     attempt, token = make_attempt()
     call(client, token, "heartbeat", beat(5, 40))

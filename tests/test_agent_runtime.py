@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import signal
 import tarfile
 from pathlib import Path
@@ -26,6 +27,11 @@ from tests.agent_fake_supervisor import (
 )
 
 FAST = {"TOY_STEP_SECONDS": "0.05"}
+NET_DEV = (
+    "Inter-|   Receive   |  Transmit\n face |bytes packets ...|bytes packets ...\n"
+    "    lo: 999 1 0 0 0 0 0 0 999 1 0 0 0 0 0 0\n"
+    "  eth0: {rx} 1 0 0 0 0 0 0 {tx} 1 0 0 0 0 0 0\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -203,6 +209,30 @@ def test_checkpoint_now_makes_the_script_save_one(make_supervisor, runs, tmp_pat
 
     supervisor.command(attempt, "stop")
     assert run.wait(30) != 0
+
+
+def test_heartbeats_report_the_containers_traffic_since_the_agent_started(
+    make_supervisor, runs, tmp_path, zipapp
+):
+    counters = tmp_path / "net_dev"
+    counters.write_text(NET_DEV.format(rx=50_000, tx=1_000))  # the bootstrap's, before us
+    supervisor = make_supervisor()
+    # The command "downloads" 7 MB and sends 25 kB: the interface counters move, as a
+    # model download's would; the file is replaced whole, as the kernel's is read whole.
+    moved = NET_DEV.format(rx=50_000 + 7_000_000, tx=1_000 + 25_000)
+    supervisor.job.command = (
+        f"sleep 0.5; printf '%s' {shlex.quote(moved)} > \"$NOMAD_NET_DEV.tmp\" && "
+        'mv "$NOMAD_NET_DEV.tmp" "$NOMAD_NET_DEV"; sleep 0.5'
+    )
+    attempt = supervisor.new_attempt()
+    env = {"NOMAD_NET_DEV": str(counters)}
+    runs.append(start_agent(supervisor, attempt, tmp_path / "work", zipapp=zipapp, env=env))
+
+    assert runs[-1].wait(30) == 0, runs[-1].log()
+    first, last = attempt.heartbeats[0], attempt.heartbeats[-1]
+    assert (first["net_rx_bytes"], first["net_tx_bytes"]) == (0, 0)
+    assert (last["net_rx_bytes"], last["net_tx_bytes"]) == (7_000_000, 25_000)
+    assert last["bytes_down"] == 0  # the agent itself downloaded nothing
 
 
 def test_stop_ends_the_command_uploads_its_last_checkpoint_and_reports_stopped(

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.netdev import parse as parse_net_dev
 from tests.processes import wait_until
 from tests.sandbox_support import (
     DEFAULT_KEY,
@@ -725,6 +726,28 @@ def test_freeze_stops_the_processes_and_thaw_resumes_them(running):
     wait_until(lambda: "T" not in group_states(pgid), timeout=5, what="SIGCONT")
 
 
+def test_a_destroy_sent_to_a_frozen_host_reaches_its_processes_only_after_thaw(running):
+    box, iid = running
+    pgid = box.debug(iid)["pgid"]
+    box.inject(iid, "freeze")
+    wait_until(lambda: group_states(pgid) == {"T"}, timeout=5, what="SIGSTOP")
+
+    assert box.client().delete(f"/api/v0/instances/{iid}/").json()["success"] is True
+
+    assert box.client().get(f"/api/v0/instances/{iid}/").json() == {"instances": None}
+    queued = box.debug(iid)
+    assert queued["billing_now"] == []
+    assert queued["destroy_queued"] is True
+    assert {p["state"] for p in queued["processes"]} == {"T"}
+    assert group_states(pgid) == {"T"}  # still there, stopped: the host never heard of it
+    box.inject(iid, "thaw", 2)
+    wait_until(lambda: "T" not in group_states(pgid), timeout=5, what="the host to wake up")
+    wait_until(lambda: not group_states(pgid), timeout=10, what="the queued destroy to arrive")
+    kinds = [e["kind"] for e in box.debug(iid)["events"]]
+    assert kinds[-1] == "queued destroy delivered"
+    assert box.debug(iid)["destroy_queued"] is False
+
+
 def test_offline_host_shows_offline_and_bills_nothing(running):
     box, iid = running
     pgid = box.debug(iid)["pgid"]
@@ -929,6 +952,7 @@ def test_traffic_through_the_instance_proxy_is_metered_once(sandbox: Sandbox):
         f"urllib.request.urlopen('http://127.0.0.1:{upstream.server_port}/model').read()\n"
         f"up = 'http://127.0.0.1:{upstream.server_port}'\n"
         "urllib.request.urlopen(f'{up}/ckpt', data=b'c' * 200000).read()\n"
+        "open('net_dev_env', 'w').write(os.environ['NOMAD_NET_DEV'])\n"
         "open('done', 'w').close()\n"
         "EOF\n"
     )
@@ -943,6 +967,10 @@ def test_traffic_through_the_instance_proxy_is_metered_once(sandbox: Sandbox):
     received = info["usage"]["down_bytes"] - info["image_bytes"]
     assert 1_300_000 <= received <= 1_300_000 + 3 * 1024  # bodies plus headers, counted once
     assert 200_000 <= info["usage"]["up_bytes"] <= 200_000 + 3 * 1024
+    # The instance's own NIC counters (its agent's NOMAD_NET_DEV): the same bytes, no pull.
+    counters = Path(info["scratch"]) / "net_dev"
+    assert (Path(info["scratch"]) / "net_dev_env").read_text() == str(counters)
+    assert parse_net_dev(counters.read_text())["eth0"] == (received, info["usage"]["up_bytes"])
 
 
 def test_invoices_list_the_top_up_as_a_negative_credit(sandbox: Sandbox):

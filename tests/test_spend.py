@@ -4,8 +4,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from billing.spend import GB, Spend, attempt_spend, job_spend
-from tests.factories import JobFactory, make_attempt
+from billing.spend import GB, Spend, attempt_spend, job_spend, traffic_bytes
+from tests.factories import JobFactory, TeamFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 
@@ -83,3 +83,104 @@ def test_a_recovered_job_counts_each_attempt_once():
 
     assert spend.gpu == pytest.approx(0.40 * 1.0)
     assert spend.as_dict()["total"] == pytest.approx(spend.total)
+
+
+# --- Traffic: every byte the container moved, the image pull, then the invoice ----------------
+
+PULL = {"profile": {"image_gb": 3.0}}  # what the selection priced the pull at, kept at rent
+
+
+def test_traffic_is_the_containers_bytes_or_the_agents_whichever_is_larger():
+    attempt, _ = make_attempt(
+        state="running",
+        rented_at=T0,
+        registered_at=T0,
+        net_rx_bytes=12 * GB,  # a model the training command downloaded
+        bytes_down=1 * GB,  # the checkpoint the agent restored (inside the 12 GB)
+        net_tx_bytes=GB // 2,
+        bytes_up=2 * GB,  # an agent restarted after the counters started over
+        **RATES,
+    )
+
+    spend = attempt_spend(attempt, now=T0 + timedelta(hours=1))
+
+    assert spend.download == pytest.approx(12 * 0.02)
+    assert spend.upload == pytest.approx(2 * 0.01)
+
+
+def test_the_image_pull_counts_from_the_rent_before_any_counter_reports():
+    attempt, _ = make_attempt(rented_at=T0, decision=PULL, **RATES)
+
+    spend = attempt_spend(attempt, now=T0 + timedelta(seconds=1))
+
+    assert spend.download == pytest.approx(3.0 * 0.02)
+    assert traffic_bytes(attempt) == (3 * GB, 0)
+
+
+def test_the_invoice_replaces_the_estimate_once_it_covers_the_whole_attempt():
+    attempt, _ = make_attempt(
+        state="ended",
+        rented_at=T0,
+        registered_at=T0,
+        ended_at=T0 + timedelta(hours=1),
+        decision=PULL,
+        net_rx_bytes=GB,
+        billed_download_usd=0.05,  # a smaller image than the profile said: 2.5 GB in all
+        billed_upload_usd=0.0,
+        billed_through=T0 + timedelta(hours=2),
+        **RATES,
+    )
+
+    now = T0 + timedelta(hours=3)
+    assert attempt_spend(attempt, now=now).download == pytest.approx(0.05)
+    assert attempt_spend(attempt, now=now, invoiced=False).download == pytest.approx(4 * 0.02)
+
+
+def test_a_live_attempt_counts_the_larger_of_measured_and_billed_so_far():
+    attempt, _ = make_attempt(
+        state="running",
+        rented_at=T0,
+        registered_at=T0,
+        decision=PULL,
+        net_rx_bytes=5 * GB,
+        billed_download_usd=0.07,  # the pull and 0.5 GB, as of an import an hour ago
+        billed_upload_usd=0.30,  # uploads nobody counted (30 GB)
+        billed_through=T0 + timedelta(hours=1),
+        **RATES,
+    )
+
+    spend = attempt_spend(attempt, now=T0 + timedelta(hours=2))
+
+    assert spend.download == pytest.approx((3 + 5) * 0.02)  # measured since: more than billed
+    assert spend.upload == pytest.approx(0.30)
+
+
+def test_an_imported_charges_file_puts_the_billed_traffic_into_the_jobs_spend():
+    from billing import invoices, reconcile
+
+    team = TeamFactory(vast_api_key="own-account")
+    job = JobFactory(team=team)
+    attempt, _ = make_attempt(
+        job,
+        state="ended",
+        instance_id=7,
+        rented_at=datetime(2026, 3, 1, 0, 55, tzinfo=UTC),
+        registered_at=datetime(2026, 3, 1, 1, 0, tzinfo=UTC),
+        ended_at=datetime(2026, 3, 1, 2, 0, tzinfo=UTC),
+        decision={"profile": {"image_gb": 20.0}},  # the profile overstated the image
+        download_usd_per_gb=0.0439453125,
+    )
+    header = "day,source,type,label,start,end,description,item_type,item_description,item_amount"
+    row = "2026-03-01,instance-7,instance,ngpu:dev:1:1,1772326800,1772330400,Instance 7 Charges"
+    csv = (
+        f"{header}\n{row},gpu,1.000 hours at $0.400/hour,0.400\n"
+        f"{row},bwd,15.000 GB downloaded at $0.043945/GB,0.659\n"
+    )
+
+    invoices.import_csv(team, csv.encode(), now=datetime(2026, 3, 8, tzinfo=UTC))
+
+    now = datetime(2026, 3, 8, tzinfo=UTC)
+    assert job_spend(job, now=now).download == pytest.approx(0.659)
+    download = reconcile.reconcile_attempt(attempt, now=now).components[2]
+    assert download.recorded == pytest.approx(20 * 0.0439453125)  # measured, not the invoice
+    assert download.billed == pytest.approx(0.659)

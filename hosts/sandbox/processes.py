@@ -35,6 +35,10 @@ PASSTHROUGH = (
 )
 
 ExitCallback = Callable[[int, int, "int | None"], None]
+# The instance's own interface counters in /proc/net/dev's format, written by the metering
+# (``traffic.count_in_container``): its processes share the host's interfaces, so its agent
+# reads these instead (NOMAD_NET_DEV).
+NET_DEV_FILE = "net_dev"
 
 
 def instance_env(
@@ -63,6 +67,7 @@ def instance_env(
         SANDBOX_INSTANCE_ID=str(instance_id),
         SANDBOX_DIR=str(scratch),
         PYTHONUNBUFFERED="1",
+        NOMAD_NET_DEV=str(scratch / NET_DEV_FILE),
     )
     # Every HTTP(S) request goes through the sandbox's metering proxy, like a NIC counter.
     for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"):
@@ -84,10 +89,11 @@ def _environ(pid: str) -> bytes:
         return b""
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of an instance: its process group and its marked processes."""
+def member_states(pgid: int) -> dict[int, str]:
+    """Live (non-zombie) processes of an instance, its process group and its marked processes,
+    with their scheduler state (``R``, ``S``, ``T`` for stopped ...)."""
     marker = _CONTAINERS.get(pgid)
-    members = []
+    members = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -99,8 +105,12 @@ def group_members(pgid: int) -> list[int]:
         if len(fields) < 3 or fields[0] == "Z":
             continue
         if int(fields[2]) == pgid or (marker is not None and marker in _environ(name)):
-            members.append(int(name))
+            members[int(name)] = fields[0]
     return members
+
+
+def group_members(pgid: int) -> list[int]:
+    return list(member_states(pgid))
 
 
 def remember_container(pgid: int) -> None:

@@ -13,22 +13,32 @@ Three ways bytes reach the meter, all throttled to the offer's ``inet_down`` / `
 Requests that arrive through the proxy carry ``X-Sandbox-Metered`` so the download and
 upload endpoints do not count them a second time. Not metered: traffic that bypasses the
 proxy (raw sockets, or a client told to ignore proxy variables).
+
+What is metered here is also added to the instance's own interface counters, a file in
+``/proc/net/dev``'s format that its agent reads (``NOMAD_NET_DEV``) as a container reads its
+NIC's; the image pull is not in it, as a pull is not in a container's counters.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import http.client
 import json
+import os
 import selectors
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from urllib.parse import urlsplit
 
+from agent.netdev import parse as parse_net_dev
 from hosts.sandbox.instances import Engine
+from hosts.sandbox.processes import NET_DEV_FILE
 
 CHUNK = 64 * 1024
 FLUSH_S = 1.0
@@ -68,7 +78,30 @@ class Meter:
     def flush(self) -> None:
         if self.enabled and self.pending:
             self.engine.add_traffic(self.inst_id, self.direction, self.pending)
+            count_in_container(self.engine.scratch(self.inst_id), self.direction, self.pending)
         self.pending, self.flushed_at = 0, time.monotonic()
+
+
+_NET_DEV_LOCK = threading.Lock()  # meters of one instance flush from several request threads
+NET_DEV_HEADER = (
+    "Inter-|   Receive                                                |  Transmit\n"
+    " face |bytes    packets errs drop fifo frame compressed multicast"
+    "|bytes    packets errs drop fifo colls carrier compressed\n"
+)
+
+
+def count_in_container(scratch: Path, direction: str, nbytes: int) -> None:
+    """Add NBYTES to the instance's interface counters (``eth0`` of its ``net_dev`` file)."""
+    path = scratch / NET_DEV_FILE
+    with _NET_DEV_LOCK, contextlib.suppress(OSError):  # a destroyed instance's folder is gone
+        rx, tx = parse_net_dev(path.read_text()).get("eth0", (0, 0)) if path.exists() else (0, 0)
+        rx, tx = (rx + nbytes, tx) if direction == "down" else (rx, tx + nbytes)
+        tmp = path.with_name(f".{NET_DEV_FILE}.tmp")
+        tmp.write_text(
+            f"{NET_DEV_HEADER}    lo: 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n"
+            f"  eth0: {rx} 0 0 0 0 0 0 0 {tx} 0 0 0 0 0 0 0\n"
+        )
+        os.replace(tmp, path)  # the agent reads a whole file, never half of one
 
 
 class Throttle:
@@ -185,7 +218,9 @@ def proxy_instance(handler: BaseHTTPRequestHandler, engine: Engine) -> dict | No
         inst = engine.get(int(user.removeprefix("i"))) if scheme.lower() == "basic" else None
     except (binascii.Error, UnicodeDecodeError, ValueError):
         inst = None
-    if inst is None or inst["api_key"] != key or inst["destroyed_at"] is not None:
+    # A destroyed instance whose destroy has not reached its host yet still has a network.
+    gone = inst is not None and inst["destroyed_at"] is not None and inst["pgid"] is None
+    if inst is None or inst["api_key"] != key or gone:
         handler.send_response(407)
         handler.send_header("Proxy-Authenticate", 'Basic realm="sandbox"')
         handler.send_header("Content-Length", "0")
@@ -199,7 +234,8 @@ def forward(handler: BaseHTTPRequestHandler, engine: Engine) -> None:
     inst = proxy_instance(handler, engine)
     if inst is None:
         return
-    up, down = Meter(engine, inst["id"], "up"), Meter(engine, inst["id"], "down")
+    billed = inst["destroyed_at"] is None  # the renter pays nothing after the destroy
+    up, down = Meter(engine, inst["id"], "up", billed), Meter(engine, inst["id"], "down", billed)
     up_link, down_link = _link(engine, inst, "up"), _link(engine, inst, "down")
     up.add(len(handler.requestline) + 2 + len(bytes(handler.headers)))
     target = urlsplit(handler.path)
@@ -262,7 +298,8 @@ def tunnel(handler: BaseHTTPRequestHandler, engine: Engine) -> None:
     handler.wfile.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
     handler.wfile.flush()
     handler.close_connection = True
-    meters = {"up": Meter(engine, inst["id"], "up"), "down": Meter(engine, inst["id"], "down")}
+    billed = inst["destroyed_at"] is None
+    meters = {d: Meter(engine, inst["id"], d, billed) for d in ("up", "down")}
     links = {"up": _link(engine, inst, "up"), "down": _link(engine, inst, "down")}
     try:
         # Clients send nothing after CONNECT until the 200 arrives, so rfile holds no
