@@ -19,6 +19,10 @@ TEST_FIELD_KEY = "dGVzdC1vbmx5LWtleS10ZXN0LW9ubHkta2V5LTMyYnk="
 os.environ.setdefault("FIELD_ENCRYPTION_KEY", TEST_FIELD_KEY)
 if not settings.FIELD_ENCRYPTION_KEYS:
     settings.FIELD_ENCRYPTION_KEYS = [os.environ["FIELD_ENCRYPTION_KEY"]]
+# Every cast member gets a password; PBKDF2's million rounds made each test's setup take ~3 s (the
+# four users of the cast), more than half of the suite. Only tests check passwords here, and no
+# subprocess started by a test logs anyone in, so a fast hasher changes nothing they prove.
+settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 pytest_plugins = [
     "tests.processes",

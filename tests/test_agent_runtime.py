@@ -153,14 +153,25 @@ def test_it_runs_the_command_heartbeats_and_uploads_checkpoints(
     assert "step 40/40" in (tmp_path / "work" / "logs" / "train.log").read_text()
 
 
-@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted-multipart"])
+# (checkpoint every N steps; the first attempt stops at 2N, the second at 3N). The 6 MB weights
+# (over the 5 MiB part size: multipart) take the toy's pure-Python step about a second, so that
+# run takes few steps; the small one needs 10 for the agent to upload each checkpoint it marks.
+@pytest.mark.parametrize(
+    ("encrypted", "weights_kb", "every"),
+    [(False, 8, 10), (True, 6000, 3)],
+    ids=["plain", "encrypted-multipart"],
+)
 def test_a_second_attempt_resumes_from_the_newest_checkpoint(
-    make_supervisor, runs, s3, tmp_path, encrypted
+    make_supervisor, runs, s3, tmp_path, encrypted, weights_kb, every
 ):
     key = os.urandom(32) if encrypted else None
-    weights_kb = "6000" if encrypted else "8"  # > 5 MiB part size: multipart
     supervisor = make_supervisor(
-        env={**FAST, "TOY_STEPS": "20", "TOY_CHECKPOINT_EVERY": "10", "TOY_WEIGHTS_KB": weights_kb},
+        env={
+            **FAST,
+            "TOY_STEPS": str(2 * every),
+            "TOY_CHECKPOINT_EVERY": str(every),
+            "TOY_WEIGHTS_KB": str(weights_kb),
+        },
         data_key=key,
         part_size=5 * 1024 * 1024,
     )
@@ -168,7 +179,7 @@ def test_a_second_attempt_resumes_from_the_newest_checkpoint(
     run = start_agent(supervisor, first, tmp_path / "one")
     runs.append(run)
     assert run.wait(60) == 0, run.log()
-    assert [c.step for c in supervisor.ready_checkpoints(first)] == [10, 20]
+    assert [c.step for c in supervisor.ready_checkpoints(first)] == [every, 2 * every]
 
     newest = supervisor.ready_checkpoints(first)[-1]
     data = s3.get(newest.key)
@@ -179,18 +190,18 @@ def test_a_second_attempt_resumes_from_the_newest_checkpoint(
         plain = io.BytesIO()
         decrypt_stream(io.BytesIO(data), plain, key)
         data = plain.getvalue()
-    assert json.loads(tar_members(data)["state.json"])["step"] == 20
+    assert json.loads(tar_members(data)["state.json"])["step"] == 2 * every
 
-    supervisor.job.env["TOY_STEPS"] = "30"
+    supervisor.job.env["TOY_STEPS"] = str(3 * every)
     second = supervisor.new_attempt()
     run = start_agent(supervisor, second, tmp_path / "two")
     runs.append(run)
     assert run.wait(60) == 0, run.log()
 
-    assert "resumed from step 20" in second.exit["log_tail"]
-    assert min(steps_seen(second)) >= 21
-    assert max(steps_seen(second)) == 30
-    assert [c.step for c in supervisor.ready_checkpoints(second)] == [30]
+    assert f"resumed from step {2 * every}" in second.exit["log_tail"]
+    assert min(steps_seen(second)) >= 2 * every + 1
+    assert max(steps_seen(second)) == 3 * every
+    assert [c.step for c in supervisor.ready_checkpoints(second)] == [3 * every]
     assert max(h["bytes_down"] for h in second.heartbeats) == newest.size
 
 

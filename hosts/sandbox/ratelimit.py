@@ -5,6 +5,10 @@ identity is the credential sent (bearer token or ``api_key`` parameter) plus the
 Only accepted calls restart the interval, so a client that hammers an endpoint through its
 429s is let through as soon as the interval since its last *served* call has passed. The
 429 body is Vast's usual plain text, without ``Retry-After`` unless ``--retry-after``.
+
+Intervals follow the sandbox's time scale like every other duration (``Timing.rate_interval``:
+under ``--fast`` a quarter of the real one), so a client's waits are exercised without sleeping
+through real seconds; the 429's ``threshold`` names the scaled interval, the one to wait out.
 """
 
 from __future__ import annotations
@@ -40,9 +44,15 @@ class Verdict:
 
 
 class RateLimiter:
-    def __init__(self, enabled: bool, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        enabled: bool,
+        clock: Callable[[], float] = time.monotonic,
+        scaled: Callable[[float], float] = float,
+    ) -> None:
         self.enabled = enabled
         self.clock = clock
+        self.scaled = scaled  # real seconds → the sandbox's seconds
         self.last: dict[tuple[str, str, str, str], float] = {}
         self.blocked_until = 0.0  # the ``ratelimit`` injection: every API call answers 429
         self.lock = threading.Lock()
@@ -59,7 +69,7 @@ class RateLimiter:
             limit = LIMITS.get((method, route))
             if not self.enabled or limit is None:
                 return Verdict(True)
-            interval, threshold = limit
+            interval, threshold = (self.scaled(seconds) for seconds in limit)
             key = (method, route, credential, ip)
             waited = now - self.last.get(key, float("-inf"))
             if waited < interval:

@@ -105,7 +105,9 @@ class App:
         self.engine = Engine(
             self.store, self.market, options.timing, options.state_dir, options.bill_image_pull
         )
-        self.limiter = RateLimiter(enabled=not options.relaxed_rate_limits)
+        self.limiter = RateLimiter(
+            enabled=not options.relaxed_rate_limits, scaled=options.timing.rate_interval
+        )
         ensure_accounts(self.store, options.api_keys, options.credit, time.time())
 
     # ---- plumbing ------------------------------------------------------------------------

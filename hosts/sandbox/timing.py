@@ -20,6 +20,7 @@ REBOOT_S = 8.0  # rebooting → loading
 STOP_GRACE_S = 10.0  # docker stop: SIGTERM, then SIGKILL
 # A host back from a partition picks up the destroy queued for it (a guess: Vast does not say).
 DESTROY_DELIVERY_S = 10.0
+RATE_LIMIT_MIN_SCALE = 0.25
 # Compressed sizes of common images (bytes); others get a size drawn from their name.
 IMAGE_BYTES = {
     "pytorch/pytorch": 3_600_000_000,
@@ -50,6 +51,12 @@ class Timing:
         if self.cap_s is not None:
             seconds = min(seconds, self.cap_s)
         return max(seconds, self.floor_s)
+
+    def rate_interval(self, real_s: float) -> float:
+        """A rate limit's minimum interval between calls: scaled like the phases, but never under
+        ``RATE_LIMIT_MIN_SCALE`` of the real one, so two calls in a row from a client on a busy
+        machine still meet the limit (a 0.01 s interval would let them through)."""
+        return real_s * max(self.scale, RATE_LIMIT_MIN_SCALE)
 
     def jitter(self, instance_id: int, what: str) -> float:
         if self.seed is None:
