@@ -61,8 +61,14 @@ run: $(RUN_STAMP) $(DEV_ENV)
 TEST_ENV = FIELD_ENCRYPTION_KEY=$${FIELD_ENCRYPTION_KEY:-dGVzdC1vbmx5LWtleS10ZXN0LW9ubHkta2V5LTMyYnk=} \
 	NOMADGPU_VAR_DIR=$${NOMADGPU_VAR_DIR:-$(CURDIR)/var/test}
 
+# Two pytest-xdist workers, one test file each at a time (tests/settings.py gives each its own
+# var dir and Redis database): most of the suite waits on processes, not on the CPU.
+# PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),-n 0,-n $(PYTEST_WORKERS) --dist loadfile)
+
 test: $(DEV_STAMP)
-	$(TEST_ENV) $(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(TEST_ENV) $(VENV)/bin/pytest $(XDIST) $(PYTEST_ARGS)
 
 test-hf: $(HF_STAMP)
 	$(TEST_ENV) NOMADGPU_TEST_HF=1 $(VENV)/bin/pytest tests/hf $(PYTEST_ARGS)
