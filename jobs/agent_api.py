@@ -99,7 +99,7 @@ class HeartbeatIn(BaseModel):
 
 class HeartbeatOut(BaseModel):
     command: Literal["continue", "checkpoint_now", "stop"]
-    heartbeat_interval_s: int
+    heartbeat_interval_s: float
 
 
 class CheckpointIn(Schema):

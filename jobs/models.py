@@ -43,7 +43,8 @@ class Job(models.Model):
     command = models.TextField()
     env = models.JSONField(default=dict, blank=True)
     total_steps = models.PositiveIntegerField(null=True, blank=True)
-    heartbeat_interval_s = models.PositiveIntegerField(default=15)
+    # Seconds; fractions are allowed (down to JobSpec's 0.2 s) so drills and tests need not wait.
+    heartbeat_interval_s = models.FloatField(default=15.0)
     keep_last = models.PositiveSmallIntegerField(default=3)
     encrypt_checkpoints = models.BooleanField(default=False)
     # What to rent (hosts.selection.Requirements fields) and what the cost model needs

@@ -70,7 +70,8 @@ class JobSpec(_Strict):
     command: str = Field(min_length=1, max_length=10_000)
     env: dict[str, Annotated[str, Field(max_length=10_000)]] = Field(default_factory=dict)
     total_steps: int | None = Field(None, ge=1, le=100_000_000)
-    heartbeat_interval_s: int = Field(15, ge=1, le=600)
+    # Fractions of a second are for drills and tests: every beat is a request to the portal.
+    heartbeat_interval_s: float = Field(15, ge=0.2, le=600)
     keep_last: int = Field(3, ge=1, le=100)
     encrypt_checkpoints: bool = False
     start_timeout_s: int = Field(1200, ge=30, le=86_400)

@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from jobs.models import Attempt, Checkpoint, CheckpointState
+from jobs.models import HEARTBEAT_TIMEOUT_INTERVALS, Attempt, Checkpoint, CheckpointState
 from tests.factories import JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
@@ -78,6 +78,21 @@ def test_register_tells_the_agent_what_to_run(client):
     attempt.refresh_from_db()
     assert attempt.registered_at is not None
     assert attempt.heartbeat_deadline > attempt.registered_at
+
+
+def test_a_fractional_heartbeat_interval_reaches_the_agent_and_sets_the_deadline(client):
+    job = JobFactory(heartbeat_interval_s=0.5)
+    attempt, token = make_attempt(job)
+
+    registered = call(client, token, "register", {"agent_version": "0.1", "gpus": []}).json()
+    beat_reply = call(client, token, "heartbeat", beat(1, 1)).json()
+    attempt.refresh_from_db()
+
+    assert registered["heartbeat_interval_s"] == 0.5
+    assert beat_reply["heartbeat_interval_s"] == 0.5
+    # The silence allowed is counted in intervals, not rounded to whole seconds.
+    ahead = (attempt.heartbeat_deadline - attempt.last_heartbeat_at).total_seconds()
+    assert ahead == pytest.approx(0.5 * HEARTBEAT_TIMEOUT_INTERVALS, abs=0.05)
 
 
 def test_heartbeats_record_progress_and_move_the_deadline(client):

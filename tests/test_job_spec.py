@@ -24,6 +24,14 @@ def test_every_template_validates(name):
     JobSpec.model_validate(JOB_TEMPLATES[name][1]())
 
 
+def test_a_heartbeat_interval_may_be_a_fraction_of_a_second_down_to_a_fifth():
+    base = {"name": "j", "image": "img:1", "command": "python train.py"}
+
+    assert JobSpec.model_validate({**base, "heartbeat_interval_s": 0.5}).heartbeat_interval_s == 0.5
+    with pytest.raises(ValidationError):
+        JobSpec.model_validate({**base, "heartbeat_interval_s": 0.1})
+
+
 @pytest.mark.parametrize(
     ("data", "where"),
     [

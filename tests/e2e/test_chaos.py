@@ -136,7 +136,8 @@ def test_a_frozen_host_is_replaced_and_fenced_when_it_wakes_up(supervisor, setti
 
     monkeypatch.setattr(VastClient, "destroy_instance", destroy)
     env = toy_env(steps=150, every=25, step_seconds=0.04)
-    job = submit(supervisor, env)
+    # Half-second beats: the silence that marks the host lost is under a second, not 1.75 s.
+    job = submit(supervisor, env, heartbeat_interval_s=0.5)
     sandbox = supervisor.sandbox
 
     first = wait_running(job, 1)
@@ -199,7 +200,7 @@ def test_a_woken_host_whose_destroy_is_still_queued_is_stopped_by_fencing(superv
     # (stopped) until it is thawed, as Vast delivers a destroy to a cut-off host only when it
     # is back. The old agent then runs beside its replacement until the 410 stops it.
     env = toy_env(steps=200, every=100, step_seconds=0.04)
-    job = submit(supervisor, env)
+    job = submit(supervisor, env, heartbeat_interval_s=0.5)
     sandbox = supervisor.sandbox
     first = wait_running(job, 1)
     # Right after the first checkpoint is published, the next is 4 s away: nothing of the old
@@ -223,9 +224,11 @@ def test_a_woken_host_whose_destroy_is_still_queued_is_stopped_by_fencing(superv
     assert {p["state"] for p in old["processes"]} == {"T"}
 
     sandbox.inject(first.instance_id, "thaw", QUEUED_DESTROY_DELAY_S)
+    # Within one heartbeat interval (its timer ran out while frozen, so it beats at once and
+    # meets the 410), plus the few seconds its command takes to stop and the group to empty.
     wait_until(
         lambda: not sandbox.debug(first.instance_id)["processes"],
-        timeout=job.heartbeat_interval_s + 10,
+        timeout=job.heartbeat_interval_s + 5,
         what="the woken agent to stop on its own",
     )
     events = [e["kind"] for e in sandbox.debug(first.instance_id)["events"]]
