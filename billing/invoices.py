@@ -74,10 +74,14 @@ class CsvRejected(Exception):
 
 
 def day_window(day: date) -> tuple[datetime, datetime]:
-    """The UTC window asked for DAY: midnight to the next midnight (intervals share only a
-    point, so usage is never counted on two days)."""
+    """The ``day`` filter that asks for DAY's row and nothing else: midnight to 23:59:59 UTC.
+
+    Vast keys each contract's charges by day at 00:00 UTC and ``lte`` is inclusive, so asking
+    up to the next midnight would also bring the next day's row (and store that day twice);
+    its own examples end a day one second short (``show_charges.yaml``, ``hosts/sandbox/README``).
+    """
     start = datetime.combine(day, time.min, tzinfo=UTC)
-    return start, start + timedelta(days=1)
+    return start, start + timedelta(days=1, seconds=-1)
 
 
 def days_to_import(sync: InvoiceSync, *, earliest: date, now: datetime) -> list[date]:
@@ -91,7 +95,7 @@ def days_to_import(sync: InvoiceSync, *, earliest: date, now: datetime) -> list[
 
 def is_settled(day: date, *, now: datetime) -> bool:
     """Whether DAY is over long enough ago that its charges will not change any more."""
-    return day_window(day)[1] + SETTLE_AFTER <= now
+    return datetime.combine(day + timedelta(days=1), time.min, tzinfo=UTC) + SETTLE_AFTER <= now
 
 
 # --- writing charges ------------------------------------------------------------------------

@@ -148,15 +148,29 @@ class AttemptReconciliation(Summed):
 # --- matching -------------------------------------------------------------------------------
 
 
+def charge_days(charge: Charge) -> tuple[datetime, datetime]:
+    """The UTC days CHARGE covers, from the midnight of its first to the midnight after its last.
+
+    Vast keys charge rows by day at 00:00 UTC: ``start`` and ``end`` are day keys (both the same
+    midnight for one day's row), not the first and last second of use, so the usage may lie
+    anywhere in those days."""
+    first = (charge.start or datetime.combine(charge.day, time.min, tzinfo=UTC)).astimezone(UTC)
+    last = (charge.end or first).astimezone(UTC)
+    return (
+        datetime.combine(first.date(), time.min, tzinfo=UTC),
+        datetime.combine(last.date() + timedelta(days=1), time.min, tzinfo=UTC),
+    )
+
+
 def overlaps(charge: Charge, attempt, *, now: datetime) -> bool:
-    """Whether CHARGE's usage window falls in ATTEMPT's rental (with ``MATCH_SLACK``)."""
+    """Whether ATTEMPT's rental (with ``MATCH_SLACK``) touches a day CHARGE covers: a charge
+    belongs to the attempt holding its contract id on that day."""
     if attempt.rented_at is None:
         return False
     begin = attempt.rented_at - MATCH_SLACK
     end = (attempt.ended_at or now) + MATCH_SLACK
-    lo = charge.start or datetime.combine(charge.day, time.min, tzinfo=UTC)
-    hi = charge.end or lo + timedelta(days=1)
-    return lo <= end and hi >= begin
+    lo, hi = charge_days(charge)
+    return lo < end and hi > begin
 
 
 def match_charges(team, *, now: datetime) -> int:
@@ -329,14 +343,10 @@ def explain(attempt, components, charges) -> str:
                 f"{worst.recorded_qty:.3f} h after the agent registered"
             )
         return f"less GPU time billed than recorded: {billed_qty} h vs {worst.recorded_qty:.3f} h"
-    last_end = max((c.end for c in charges if c.end), default=None)
-    if (
-        more
-        and attempt.ended_at
-        and last_end
-        and last_end > attempt.ended_at + timedelta(minutes=1)
-    ):
-        return f"storage after stop: billed until {last_end:%Y-%m-%d %H:%M} UTC"
+    # Day rows: a row on a day after the rental's last one is storage billed after the stop.
+    last_day = max((charge_days(c)[0] for c in charges), default=None)
+    if more and attempt.ended_at and last_day and last_day.date() > attempt.ended_at.date():
+        return f"storage after stop: billed on {last_day:%Y-%m-%d} (UTC)"
     return f"storage: {billed_qty} GB-h billed vs {worst.recorded_qty:.3f} GB-h recorded"
 
 

@@ -40,13 +40,15 @@ DAY0 = T0.date()
 
 
 def bill(attempt, *items: tuple[str, str, str], day: date = DAY0) -> Charge:
+    """One day row as Vast keys it: start and end at that day's 00:00 UTC."""
+    midnight = datetime.combine(day, datetime.min.time(), tzinfo=UTC)
     charge = Charge.objects.create(
         team=attempt.job.team,
         source=f"instance-{attempt.instance_id}",
         instance_id=attempt.instance_id,
         day=day,
-        start=attempt.rented_at,
-        end=attempt.ended_at,
+        start=midnight,
+        end=midnight,
         amount=sum(Decimal(a) for _, _, a in items),
         origin="api",
         attempt=attempt,
@@ -135,12 +137,17 @@ def test_gpu_billed_from_creation_reads_as_start_up_billed_while_loading():
 def test_storage_billed_after_the_instance_stopped_says_so():
     attempt = field_report_attempt(TeamFactory(), storage_usd_per_gb_hour=0.001, disk_gb=50)
     gpu_h = (attempt.ended_at - attempt.registered_at).total_seconds() / 3600
-    charge = bill(
+    bill(
         attempt,
         ("gpu", f"{gpu_h:.3f} hours at $0.400/hour", f"{gpu_h * 0.4:.3f}"),
-        ("disk", "50.0 GB for 10.440 hours at $0.720/GB/month", "0.522"),
+        ("disk", "50.0 GB for 0.440 hours at $0.720/GB/month", "0.022"),
     )
-    Charge.objects.filter(pk=charge.pk).update(end=attempt.ended_at + timedelta(hours=10))
+    # The next day's row: storage of a contract that ended the day before.
+    bill(
+        attempt,
+        ("disk", "50.0 GB for 10.000 hours at $0.720/GB/month", "0.500"),
+        day=DAY0 + timedelta(days=1),
+    )
 
     row = reconciled(attempt)
 

@@ -3,6 +3,8 @@ that billed traffic NomadGPU never saw (the image pull), and the rental made out
 
 from __future__ import annotations
 
+from datetime import UTC
+
 import pytest
 from django.utils import timezone
 
@@ -119,3 +121,42 @@ def team_attempts(team):
     from jobs.models import Attempt
 
     return Attempt.objects.filter(job__team=team).prefetch_related(reconcile.charges_prefetch())
+
+
+WEEK_S = 6 * 86_400  # six days back: the rental touches seven UTC days
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_week_imported_day_by_day_twice_matches_the_range_and_stores_each_day_once(
+    sandbox: Sandbox,
+):
+    team = TeamFactory(slug="week", vast_url=sandbox.url, vast_api_key="sandbox-key")
+    attempt = rent_as_nomadgpu(sandbox, team, CLEAN)
+    mark_running_when_billed(sandbox, attempt)
+    # As if rented six days ago and billing since: seven day rows, the first after 00:00.
+    sandbox.inject(attempt.instance_id, "age", WEEK_S)
+    end(sandbox, attempt)
+    rented = attempt.rented_at - timezone.timedelta(seconds=WEEK_S)
+    type(attempt).objects.filter(pk=attempt.pk).update(rented_at=rented, registered_at=rented)
+
+    now = timezone.now()
+    invoices.sync_team(team, now=now)
+    first = day_rows(team)
+    invoices.InvoiceSync.objects.filter(team=team).update(charges_complete_through=None)
+    invoices.sync_team(team, now=now)  # every day asked again
+
+    assert day_rows(team) == first
+    assert len(first) == 7  # one row per day, none stored twice
+    assert [day for day, *_ in first] == [rented.date() + timezone.timedelta(n) for n in range(7)]
+    assert {attempt_id for *_, attempt_id in first} == {attempt.pk}  # matched by contract and day
+    start = timezone.datetime.combine(rented.date(), timezone.datetime.min.time(), tzinfo=UTC)
+    (whole,) = vast.VastClient("sandbox-key", sandbox.url).charges(start, now)
+    stored = sum(amount for _, amount, _ in first)
+    assert float(stored) == pytest.approx(float(whole.amount), abs=0.0005 * 7)
+    assert (whole.start, whole.end) == (start, start + timezone.timedelta(days=6))
+
+
+def day_rows(team) -> list[tuple]:
+    return list(
+        Charge.objects.filter(team=team).order_by("day").values_list("day", "amount", "attempt_id")
+    )

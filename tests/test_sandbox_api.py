@@ -63,7 +63,10 @@ def group_states(pgid: int) -> set[str]:
 
 
 def window(start: float, end: float | None = None) -> dict[str, str]:
-    day = {"day": {"gte": int(start) - 60, "lte": int(end or time.time()) + 60}}
+    """The ``day`` filter for the days from START's through END's (now): Vast keys each day's
+    row at 00:00 UTC, so the window starts at START's midnight."""
+    first = int(start) // 86_400 * 86_400
+    day = {"day": {"gte": first, "lte": int(end or time.time()) + 60}}
     return {"select_filters": json.dumps(day)}
 
 
@@ -904,24 +907,44 @@ def test_billing_matches_the_offers_rates(sandbox: Sandbox):
     assert f"{disk:.1f} GB for" in items["disk"]["description"]
 
 
-def test_charges_are_clipped_to_the_day_window(sandbox: Sandbox):
+DAY = 86_400
+
+
+def test_charges_come_in_day_rows_keyed_at_midnight_utc(sandbox: Sandbox):
+    """As Vast's show_charges spec shows them: a row per contract and UTC day, start and end at
+    midnights, ``lte`` inclusive, a range summing its days (hosts/sandbox/README, "Charges")."""
     client = sandbox.client()
     iid = sandbox.create(PRICEY_ASK)
     sandbox.wait_status(iid, "running")
+    sandbox.inject(iid, "age", 2 * DAY)  # running since this time two days ago
     started = {e["kind"]: e["ts"] for e in sandbox.debug(iid)["events"]}["running"]
+    first_day = int(started) // DAY * DAY
+    hourly = market_offers()[PRICEY_ASK]["dph_base"]
 
-    def charges(lo: float, hi: float) -> dict:
+    def charges(lo: float, hi: float) -> list[dict]:
         return client.get(
             "/api/v0/charges/",
             params={"select_filters": json.dumps({"day": {"gte": lo, "lte": hi}})},
-        ).json()
+        ).json()["results"]
 
-    assert charges(started - 3600, started - 1800)["total"] == 0
-    before_running = charges(started - 3600, started - 0.01)["results"][0]
-    assert "gpu" not in {
-        i["type"] for i in before_running["items"]
-    }  # storage starts at creation, GPU at running
-    assert before_running["end"] <= started
+    (day_one,) = charges(first_day, first_day + DAY - 1)  # Vast's own way to ask for a day
+    assert (day_one["start"], day_one["end"]) == (first_day, first_day)
+    assert day_one["description"] == f"Instance {iid} Charges - 1 day"
+    gpu = next(i for i in day_one["items"] if i["type"] == "gpu")
+    assert (gpu["start"], gpu["end"]) == (first_day, first_day)
+    assert gpu["amount"] == pytest.approx(hourly * (first_day + DAY - started) / 3600, abs=6e-4)
+    # The next midnight is a day key too: lte there brings the next day's row with it.
+    (two,) = charges(first_day, first_day + DAY)
+    assert (two["start"], two["end"]) == (first_day, first_day + DAY)
+    assert two["description"] == f"Instance {iid} Charges - 2 days"
+    # A whole range is the sum of its days; a window starting after a midnight skips that row.
+    now = time.time()
+    (whole,) = charges(first_day, now)
+    days = [charges(k, k + DAY - 1)[0]["amount"] for k in range(first_day, int(now), DAY)]
+    assert len(days) == 3
+    assert whole["amount"] == pytest.approx(sum(days), abs=0.0015)
+    assert whole["end"] == first_day + 2 * DAY
+    assert charges(first_day + 1, first_day + DAY - 1) == []
     missing = client.get("/api/v0/charges/")
     assert (missing.status_code, missing.json()["error"]) == (400, "invalid_args")
     assert "'day' gte and lte" in missing.json()["msg"]

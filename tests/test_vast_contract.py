@@ -56,6 +56,11 @@ def wait_for_status(client: VastClient, instance_id: int, status: str) -> Instan
     return wait_until(reached, timeout=20, what=f"instance {instance_id} to be {status}", every=0.1)
 
 
+def today_midnight() -> datetime:
+    """Where a charges window starts: Vast keys each contract's day row at 00:00 UTC."""
+    return datetime.combine(datetime.now(UTC).date(), datetime.min.time(), tzinfo=UTC)
+
+
 def recording_sleep() -> tuple[list[float], Callable[[float], None]]:
     slept: list[float] = []
 
@@ -226,7 +231,7 @@ def test_renting_without_credit_is_insufficient_credit(sandbox_factory):
 def test_charges_read_every_page_past_100(sandbox_factory):
     box = sandbox_factory("--credit", "1000")
     client = client_for(box)
-    began = datetime.now(UTC) - timedelta(minutes=1)
+    began = today_midnight()
     offer_ids = cheapest(client, 101, num_gpus={"gte": 1})
     ids = set()
     for n, offer_id in enumerate(offer_ids):
@@ -247,7 +252,7 @@ def test_charges_read_every_page_past_100(sandbox_factory):
 
 def test_charges_itemise_a_running_instance(sandbox: Sandbox):
     client = client_for(sandbox)
-    began = datetime.now(UTC) - timedelta(minutes=1)
+    began = today_midnight()
     (offer_id,) = cheapest(client)
     instance_id = rent(client, offer_id, "contract-bill")
     wait_for_status(client, instance_id, "running")

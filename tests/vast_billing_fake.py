@@ -1,10 +1,13 @@
 """A local HTTP server speaking Vast's billing endpoints (``shared/vast-api.md`` §6) from a
 fixed ledger, for tests that need volume (hundreds of charges) or a failure halfway.
 
-``GET /api/v0/charges/`` answers the charges whose ``day`` lies in the ``select_filters.day``
-window, ``limit`` per page with an opaque ``after_token``; ``GET /api/v1/invoices/`` answers
-the payments in the ``when`` window. ``fail_days`` makes the charges call for those days
-answer 400 (not retried by the client), the way a broken upstream would stop an import.
+``GET /api/v0/charges/`` answers as Vast does (``hosts/sandbox/README.md``, "Charges"): the
+ledger holds one row per contract and day, keyed at 00:00 UTC; a query selects the rows whose
+key lies in the ``select_filters.day`` window (both ends inclusive) and answers one result per
+contract summing them (amounts only: a summed item keeps its first day's text), ``limit`` per
+page with an opaque ``after_token``. ``GET /api/v1/invoices/`` answers the payments in the
+``when`` window. ``fail_days`` makes the charges call for those days answer 400 (not retried
+by the client), the way a broken upstream would stop an import.
 """
 
 from __future__ import annotations
@@ -32,11 +35,13 @@ def charge(
     down_gb: float = 0.0,
     down_rate: float = 0.0,
 ) -> dict:
-    """One contract's result in Vast's shape, items with the sandbox's wording."""
+    """One contract's day row in Vast's shape (start and end at that day's midnight), items with
+    the sandbox's wording."""
+    key = epoch(day)
     items = [
         {
-            "start": epoch(day, 1),
-            "end": epoch(day, 2),
+            "start": key,
+            "end": key,
             "type": "gpu",
             "source": None,
             "description": f"{gpu_h:.3f} hours at ${rate:.3f}/hour",
@@ -48,8 +53,8 @@ def charge(
     if down_gb:
         items.append(
             {
-                "start": epoch(day, 1),
-                "end": epoch(day, 2),
+                "start": key,
+                "end": key,
                 "type": "bwd",
                 "source": None,
                 "description": f"{down_gb:.3f} GB downloaded at ${down_rate:.6f}/GB",
@@ -59,15 +64,38 @@ def charge(
             }
         )
     return {
-        "start": epoch(day, 1),
-        "end": epoch(day, 2),
+        "start": key,
+        "end": key,
         "type": "instance",
         "source": f"instance-{instance_id}",
-        "description": f"Instance {instance_id} Charges - 1 hours",
+        "description": f"Instance {instance_id} Charges - 1 day",
         "amount": round(sum(i["amount"] for i in items), 3),
         "metadata": {"label": f"ngpu:test:{instance_id}"},
         "items": items,
     }
+
+
+def summed_per_contract(rows: list[dict]) -> list[dict]:
+    """Day rows of one contract folded into one result, as Vast answers a range of days."""
+    merged: dict[str, dict] = {}
+    for row in rows:
+        into = merged.get(row["source"])
+        if into is None:
+            merged[row["source"]] = json.loads(json.dumps(row))
+            continue
+        into["start"], into["end"] = min(into["start"], row["start"]), max(into["end"], row["end"])
+        into["amount"] = round(into["amount"] + row["amount"], 3)
+        by_type = {i["type"]: i for i in into["items"]}
+        for item in row["items"]:
+            if item["type"] in by_type:
+                by_type[item["type"]]["amount"] = round(
+                    by_type[item["type"]]["amount"] + item["amount"], 3
+                )
+            else:
+                into["items"].append(dict(item))
+        days = (into["end"] - into["start"]) // 86_400 + 1
+        into["description"] = f"{row['source'].title()} Charges - {days} days"
+    return list(merged.values())
 
 
 class FakeVastBilling:
@@ -112,7 +140,7 @@ class FakeVastBilling:
         for failing in self.fail_days:
             if lo <= epoch(failing, 12) <= hi:
                 return 400, {"success": False, "error": "invalid_args", "msg": "upstream broke"}
-        rows = [c for c in self.charges if lo <= c["start"] and c["end"] <= hi]
+        rows = summed_per_contract([c for c in self.charges if lo <= c["start"] <= hi])
         limit = int(params.get("limit", 100))
         offset = int(params.get("after_token") or 0)
         page = rows[offset : offset + limit]

@@ -1,9 +1,18 @@
 """Billing as Vast bills (``shared/vast-api.md`` §6-7), computed from recorded usage.
 
 The engine records *intervals* (GPU billed, storage billed) and *traffic* (bytes with a
-timestamp); nothing is accrued in place. Any window's charges, and an account's credit, are
-integrals over those records, so charges for any ``day`` window come out consistent with
-the credit, and a restart loses nothing.
+timestamp); nothing is accrued in place. Any day's charges, and an account's credit, are
+integrals over those records, so charges come out consistent with the credit, and a restart
+loses nothing.
+
+Charges come in *day rows keyed at 00:00 UTC*, as Vast's ``show_charges`` spec shows them
+(``vast-ai/docs`` ``api-reference/openapi/yaml/show_charges.yaml``): its example result has
+``start`` 2024-11-01 00:00 and ``end`` 2024-11-04 00:00, exact midnights, described as "Charges -
+4 days" with a "96.000 hours" GPU item, and its query examples end a day at 23:59:59
+(``{"day": {"gte": 1767225600, "lte": 1769903999}}``). So a query's ``day`` filter selects the
+day rows whose key (that midnight) lies in ``[gte, lte]``, both inclusive, and a contract's
+result sums them, ``start``/``end`` being its first and last day key. Asking ``lte`` = the next
+midnight therefore brings the next day's row too.
 
 Rates are fixed per instance when it is created (copied from the offer): GPU $/h
 (``dph_base``, or the bid price for interruptible), storage $/h (``storage_cost`` $/GB/month
@@ -25,6 +34,7 @@ from hosts.sandbox.query import QueryError, check_ops, compare
 from hosts.sandbox.state import Store
 
 GB = 1024**3
+DAY_S = 86_400
 CHARGES_DEFAULT_LIMIT, CHARGES_MAX_LIMIT = 100, 500
 INVOICES_DEFAULT_LIMIT, INVOICES_MAX_LIMIT = 60, 500
 DAY_MISSING = "Must provide both 'day' gte and lte filters in select_filters (unix timestamps)."
@@ -57,8 +67,11 @@ class Usage:
         return not (self.gpu_s > 0 or self.disk_s > 0 or self.down or self.up)
 
 
-def window_usage(store: Store, instance_id: int, lo: float, hi: float, now: float) -> Usage:
-    """Usage of one instance clipped to [lo, hi] (open intervals run until ``now``)."""
+def window_usage(
+    store: Store, instance_id: int, lo: float, hi: float, now: float, *, open_end: bool = False
+) -> Usage:
+    """Usage of one instance clipped to [lo, hi] (open intervals run until ``now``); with
+    OPEN_END, traffic at exactly HI is left to the next window (day rows never share a byte)."""
     usage = Usage()
     for r in store.rows(
         "SELECT kind, start, stop FROM usage WHERE instance_id = ? AND start <= ?"
@@ -75,8 +88,8 @@ def window_usage(store: Store, instance_id: int, lo: float, hi: float, now: floa
             usage.disk_s += b - a
     for r in store.rows(
         "SELECT direction, SUM(bytes) AS n, MIN(ts) AS a, MAX(ts) AS b FROM traffic"
-        " WHERE instance_id = ? AND ts >= ? AND ts <= ? GROUP BY direction",
-        (instance_id, lo, hi),
+        " WHERE instance_id = ? AND ts >= ? AND (ts < ? OR (ts = ? AND NOT ?)) GROUP BY direction",
+        (instance_id, lo, hi, hi, open_end),
     ):
         usage.touch(r["a"], r["b"])
         setattr(usage, "down" if r["direction"] == "down" else "up", int(r["n"]))
@@ -115,8 +128,29 @@ def item_costs(inst: dict, usage: Usage) -> dict[str, tuple[float, float, str]]:
     }
 
 
+def day_keys(lo: float, hi: float) -> range:
+    """The day rows a ``day: {gte: LO, lte: HI}`` filter selects: the UTC midnights in [LO, HI]."""
+    first = -(-int(lo) // DAY_S) * DAY_S  # the first midnight at or after LO
+    return range(first, int(hi) + 1, DAY_S)
+
+
+def days_usage(store: Store, instance_id: int, lo: float, hi: float, now: float) -> Usage:
+    """Usage of one instance summed over the day rows selected by [LO, HI], with ``first`` and
+    ``last`` set to the first and last day key that has any (Vast's ``start``/``end``)."""
+    total = Usage()
+    for key in day_keys(lo, hi):
+        day = window_usage(store, instance_id, key, key + DAY_S, now, open_end=True)
+        if day.empty():
+            continue
+        total.gpu_s, total.disk_s = total.gpu_s + day.gpu_s, total.disk_s + day.disk_s
+        total.down, total.up = total.down + day.down, total.up + day.up
+        total.touch(key, key)
+    return total
+
+
 def charge_result(inst: dict, usage: Usage) -> dict[str, Any]:
-    """One contract's charges in Vast's ``/api/v0/charges/`` result shape."""
+    """One contract's charges in Vast's ``/api/v0/charges/`` result shape; ``usage.first`` and
+    ``usage.last`` are its first and last day keys."""
     start, end = int(usage.first or 0), int(usage.last or 0)
     items, total = [], 0.0
     for kind, (quantity, amount, text) in item_costs(inst, usage).items():
@@ -126,9 +160,8 @@ def charge_result(inst: dict, usage: Usage) -> dict[str, Any]:
         items.append(_entry(start, end, kind, None, text, amount, {}))
     label = inst.get("label")
     metadata = {"label": label} if label else {}
-    text = (
-        f"Instance {inst['id']} Charges - {human_duration((usage.last or 0) - (usage.first or 0))}"
-    )
+    days = (end - start) // DAY_S + 1
+    text = f"Instance {inst['id']} Charges - {days} day{'s' if days != 1 else ''}"
     return _entry(start, end, "instance", f"instance-{inst['id']}", text, total, metadata, items)
 
 
@@ -152,13 +185,6 @@ def _entry(
         "metadata": metadata,
         "items": items or [],
     }
-
-
-def human_duration(seconds: float) -> str:
-    for unit, size in (("days", 86400), ("hours", 3600), ("minutes", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f} {unit}"
-    return f"{max(seconds, 0):.0f} seconds"
 
 
 def billed_total(store: Store, account_id: int, now: float) -> float:
@@ -197,7 +223,7 @@ def credit(store: Store, account_id: int, now: float) -> float:
 
 
 def charges(store: Store, account_id: int, params: dict, now: float) -> dict[str, Any]:
-    """``GET /api/v0/charges/``: one result per contract with usage in the ``day`` window."""
+    """``GET /api/v0/charges/``: one result per contract, summing its day rows in the window."""
     filters = params.get("select_filters")
     lo, hi = _day_window(filters)
     limit = _limit(params.get("limit"), CHARGES_DEFAULT_LIMIT, CHARGES_MAX_LIMIT)
@@ -209,7 +235,7 @@ def charges(store: Store, account_id: int, params: dict, now: float) -> dict[str
             " AND (destroyed_at IS NULL OR destroyed_at >= ?)",
             (account_id, hi, lo),
         ):
-            usage = window_usage(store, inst["id"], lo, hi, now)
+            usage = days_usage(store, inst["id"], lo, hi, now)
             if not usage.empty():
                 results.append((usage.first, inst["id"], charge_result(inst, usage)))
     results.sort(key=lambda r: (r[0], r[1]), reverse=bool(params.get("latest_first")))

@@ -63,6 +63,7 @@ INSTANCE_ACTIONS = (
     "outbid",
     "reboot",
     "overcharge",
+    "age",
 )
 
 
@@ -529,6 +530,26 @@ class Engine:
     def _inject_reboot(self, inst: dict, arg: Any) -> None:
         self.reboot(inst)
 
+    def _inject_age(self, inst: dict, arg: Any) -> None:
+        """Move the contract's whole history SECONDS into the past (sandbox-only, for billing
+        tests): created, usage, traffic and events happened that much earlier, and an open
+        interval has been running since then. The way to get charges over several days."""
+        seconds = _positive(arg, "age takes a number of seconds > 0")
+        iid = inst["id"]
+        with self.store.tx():
+            self.store.run(
+                "UPDATE instances SET created_at = created_at - ?,"
+                " destroyed_at = destroyed_at - ? WHERE id = ?",
+                (seconds, seconds, iid),
+            )
+            self.store.run(
+                "UPDATE usage SET start = start - ?, stop = stop - ? WHERE instance_id = ?",
+                (seconds, seconds, iid),
+            )
+            self.store.run("UPDATE traffic SET ts = ts - ? WHERE instance_id = ?", (seconds, iid))
+            self.store.run("UPDATE events SET ts = ts - ? WHERE instance_id = ?", (seconds, iid))
+            self._update(iid, self.clock(), event=f"aged {seconds:g} s")
+
     def _inject_overcharge(self, inst: dict, arg: Any) -> None:
         percent = _positive(arg, "overcharge takes a percentage > 0")
         self._update(inst["id"], self.clock(), event=f"overcharge {percent}%", overcharge=percent)
@@ -661,9 +682,11 @@ class Engine:
 
 
 def _applies_after_destroy(inst: dict, action: str) -> bool:
-    """Overcharge bills a contract after its end; thaw and online bring back a host that
-    still holds a destroy queued for it."""
-    return action == "overcharge" or (action in ("thaw", "online") and inst["pgid"] is not None)
+    """Overcharge bills a contract after its end, age moves its history; thaw and online bring
+    back a host that still holds a destroy queued for it."""
+    return action in ("overcharge", "age") or (
+        action in ("thaw", "online") and inst["pgid"] is not None
+    )
 
 
 def _delivery_delay(arg: Any) -> float | None:
