@@ -283,7 +283,8 @@ def compare_components(
                 recorded=recorded,
                 billed=billed,
                 recorded_qty=quantities[name][0],
-                billed_qty=float(sum(qty)) if len(qty) == len(mine) and mine else None,
+                # None: an item's text did not say its quantity; no item at all is nothing billed.
+                billed_qty=float(sum(qty)) if len(qty) == len(mine) else None,
                 unit=unit,
                 billed_rate=float(rates[0]) if rates else None,
                 recorded_rate=quantities[name][1],
@@ -325,7 +326,13 @@ def explain(attempt, components, charges) -> str:
             f"rate differs: {worst.billed_rate:.6g} billed vs "
             f"{worst.recorded_rate:.6g} recorded per {worst.unit}"
         )
-    billed_qty = f"{worst.billed_qty:.3f}" if worst.billed_qty is not None else "?"
+    if worst.billed_qty is None:
+        # Only the GPU item's wording is documented (ref §6a): compare money, not quantities.
+        return (
+            f"{worst.name}: ${worst.billed:.3f} billed vs ${worst.recorded:.3f} recorded "
+            "(item text unparsed)"
+        )
+    billed_qty = f"{worst.billed_qty:.3f}"
     if worst.name in ("download", "upload"):
         return (
             f"traffic: {billed_qty} GB {worst.name} billed vs {worst.recorded_qty:.3f} GB recorded"

@@ -112,6 +112,37 @@ def test_the_drill_down_shows_charges_items_and_the_cost_basis(client, cast, led
     assert "(invoiced)" in body
 
 
+def test_an_item_whose_text_did_not_parse_says_unparsed_and_keeps_its_amount(client, cast):
+    start = timezone.now() - timedelta(hours=2)
+    job = JobFactory(team=cast.team_a, name="odd-wording")
+    attempt, _ = make_attempt(
+        job,
+        state="ended",
+        instance_id=557,
+        rented_at=start,
+        registered_at=start,
+        running_at=start,
+        ended_at=start + timedelta(hours=0.44),
+        dph_base=0.40,
+        download_usd_per_gb=0.0439453125,
+    )
+    bill(
+        attempt,
+        ("gpu", "0.440 hours at $0.400/hour", "0.176"),
+        ("bwd", "Internet: download bandwidth", "0.659"),
+        day=start.date(),
+    )
+    InvoiceSync.objects.create(team=cast.team_a, synced_until=timezone.now())
+    client.force_login(cast.finance)
+
+    body = client.get(url(rest=f"jobs/{job.pk}/")).content.decode()
+
+    assert "Internet: download bandwidth" in body
+    assert "unparsed" in body
+    assert "$0.659" in body
+    assert "download: $0.659 billed vs $0.000 recorded (item text unparsed)" in body
+
+
 def test_the_export_has_one_row_per_attempt_with_the_difference(client, cast, ledger):
     client.force_login(cast.finance)
 

@@ -126,6 +126,29 @@ def test_today_is_imported_but_never_marked_complete(vast_billing: FakeVastBilli
     assert len(vast_billing.charge_calls()) == 2  # 1 and 2 March, and again next time
 
 
+@pytest.mark.django_db
+def test_item_text_in_a_wording_we_do_not_know_keeps_its_amount_unparsed(
+    vast_billing: FakeVastBilling,
+):
+    # Only the GPU wording is documented (show_charges.yaml): the others may read any way.
+    row = charge(60_001, DAY1, gpu_h=2, down_gb=15, down_rate=0.0439)
+    row["items"][1]["description"] = "Internet: download bandwidth (15 GiB)"
+    disk = {**row["items"][0], "type": "disk", "description": "Storage", "amount": 0.012}
+    row["items"].append(disk)
+    row["amount"] = round(sum(i["amount"] for i in row["items"]), 3)
+    vast_billing.charges = [row]
+    team = team_on(vast_billing)
+
+    invoices.sync_team(team, now=NOW)
+
+    items = {i.type: i for i in ChargeItem.objects.filter(charge__source="instance-60001")}
+    assert (items["gpu"].quantity, items["gpu"].rate) == (Decimal("2"), Decimal("0.4"))
+    for kind, amount in (("bwd", Decimal("0.658")), ("disk", Decimal("0.012"))):
+        assert items[kind].amount == amount
+        assert (items[kind].quantity, items[kind].rate) == (None, None)
+    assert Charge.objects.get(source="instance-60001").amount == Decimal(str(row["amount"]))
+
+
 # --- CSV --------------------------------------------------------------------------------------
 
 HEADER = "day,source,type,label,start,end,description,item_type,item_description,item_amount\n"
