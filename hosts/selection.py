@@ -107,6 +107,12 @@ class Requirements:
         return data
 
 
+# Offers asked for in one search. Vast documents neither its default nor its maximum, and its
+# default order is its own `score`: the cost ranking needs every offer that passes the filter,
+# so ask for many (the sandbox answers 64 when `limit` is missing, to make forgetting it show).
+SEARCH_LIMIT = 256
+
+
 def vast_query(req: Requirements) -> dict[str, Any]:
     """The server-side prefilter for ``VastClient.search_offers`` in Vast's query language.
 
@@ -119,8 +125,9 @@ def vast_query(req: Requirements) -> dict[str, Any]:
         "reliability": {"gte": req.min_reliability},
         "inet_down": {"gte": req.min_inet_down_mbps},
         "disk_space": {"gte": req.disk_gb},
-        # Always present, because the client adds `verified eq true` unless the key is set.
-        "verified": {"eq": True} if req.verified_only else {"in": [True, False]},
+        # None: no condition at all (the client drops the key, as the CLI's "any" does);
+        # without the key the client would add its `verified eq true` default.
+        "verified": {"eq": True} if req.verified_only else None,
         "allocated_storage": req.disk_gb,
     }
     if req.gpu_names:

@@ -808,11 +808,16 @@ def build_search_body(
     allocated_storage: float | None = None,
     no_default: bool = False,
 ) -> dict[str, Any]:
-    """The body of `POST /bundles/`: the query object itself plus the SDK's extras (ref §2)."""
+    """The body of `POST /bundles/`: the query object itself plus the SDK's extras (ref §2).
+
+    A key whose condition is None is sent without any condition, not even the default: the
+    CLI's ``any`` wildcard deletes the key (``vastai`` 1.9.1 ``api/query.py`` ``parse_query``);
+    it never sends ``{"in": [true, false]}``, whose meaning on Vast is unknown."""
     body: dict[str, Any] = dict(query or {})
     if not no_default:
         for key, condition in SEARCH_DEFAULTS.items():
             body.setdefault(key, dict(condition))
+    body = {key: condition for key, condition in body.items() if condition is not None}
     body["type"] = "bid" if type == "interruptible" else type  # ref §2: the SDK maps the same
     if order is not None:
         body["order"] = [list(pair) for pair in order]

@@ -307,7 +307,9 @@ def preview_offers(spec: JobSpec, *, team, client: VastClient | None = None) -> 
     own = client is None
     client = client or VastClient.from_settings(team, retry=PREVIEW_RETRY)
     try:
-        offers = client.search_offers(selection.vast_query(req), allocated_storage=req.disk_gb)
+        offers = client.search_offers(
+            selection.vast_query(req), limit=selection.SEARCH_LIMIT, allocated_storage=req.disk_gb
+        )
     except VastError as exc:
         logger.info("offers preview failed for team %s: %s", getattr(team, "slug", team), exc)
         return OffersPreview(error=f"The marketplace could not be asked for offers: {exc}")

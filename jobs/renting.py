@@ -149,7 +149,9 @@ def _choose_and_create(attempt: Attempt, token: str, *, client: VastClient, now:
     job = attempt.job
     req, profile = requirements_for(job), profile_for(job)
     try:
-        offers = client.search_offers(selection.vast_query(req), allocated_storage=req.disk_gb)
+        offers = client.search_offers(
+            selection.vast_query(req), limit=selection.SEARCH_LIMIT, allocated_storage=req.disk_gb
+        )
     except VastError as exc:
         return give_up_renting(attempt, now=now, why=f"offer search failed: {exc}")
     decision = selection.choose_offer(offers, req, profile, speed_book(job, offers))

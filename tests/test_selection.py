@@ -121,9 +121,10 @@ def test_query_for_one_model_uses_eq_and_leaves_optional_filters_out():
     assert not {"gpu_ram", "cuda_max_good", "datacenter", "dph_total", "machine_id"} & set(query)
 
 
-def test_query_allowing_unverified_hosts_overrides_the_clients_verified_default():
+def test_query_allowing_unverified_hosts_drops_the_verified_key_as_the_cli_does():
     body = build_search_body(vast_query(Requirements(verified_only=False)))
-    assert body["verified"] == {"in": [True, False]}
+    assert "verified" not in body
+    assert body["rentable"] == {"eq": True}  # the other defaults stay
     assert body["rentable"] == {"eq": True}  # the other defaults still apply
 
 

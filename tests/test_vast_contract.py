@@ -10,11 +10,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from hosts.sandbox.timing import Timing
+from hosts.selection import SEARCH_LIMIT, Requirements, vast_query
 from hosts.vast import (
     AuthFailed,
     Instance,
@@ -93,6 +95,28 @@ def test_search_filters_orders_and_converts_units(sandbox: Sandbox):
         assert offer.download_usd_per_gb == pytest.approx(source["inet_down_cost"])
         assert offer.inet_down_mbps == pytest.approx(source["inet_down"])
         assert offer.dph_base == pytest.approx(source["dph_base"])
+
+
+def test_the_jobs_search_asks_for_every_offer_and_any_verification_by_dropping_the_key(
+    sandbox: Sandbox,
+):
+    client = client_for(sandbox)
+    loose = Requirements(
+        gpu_names=(), min_reliability=0.0, min_inet_down_mbps=0, disk_gb=8, verified_only=False
+    )
+
+    def search(req: Requirements, **kw) -> list:
+        return client.search_offers(vast_query(req), allocated_storage=req.disk_gb, **kw)
+
+    every = search(loose, limit=SEARCH_LIMIT)
+    verified = search(replace(loose, verified_only=True), limit=SEARCH_LIMIT)
+
+    assert len(search(loose)) == 64  # without a limit the server picks how many (sandbox: 64)
+    assert len(every) > 64  # the cost ranking sees all of them, not the top by Vast's score
+    assert any(not o.verified for o in every)
+    assert verified
+    assert all(o.verified for o in verified)
+    assert len(verified) < len(every)
 
 
 def test_search_without_defaults_and_for_interruptible_offers(sandbox: Sandbox):
