@@ -20,7 +20,15 @@ from django.db.models import F, Max
 
 from hosts import selection
 from hosts.models import Machine
-from hosts.vast import CreateOutcomeUnknown, Instance, Offer, OfferGone, VastClient, VastError
+from hosts.vast import (
+    CreateOutcomeUnknown,
+    Instance,
+    InsufficientCredit,
+    Offer,
+    OfferGone,
+    VastClient,
+    VastError,
+)
 from jobs import services
 from jobs.bootstrap import render_bootstrap
 from jobs.models import (
@@ -166,6 +174,13 @@ def _choose_and_create(attempt: Attempt, token: str, *, client: VastClient, now:
             )
         except OfferGone:
             continue  # someone else rented it between search and create: next offer
+        except InsufficientCredit as exc:
+            # Every offer would say the same: stop here, and say who can fix it.
+            why = (
+                f"Vast refused to rent for billing reasons ({exc}): a team admin must add credit "
+                "to the Vast account; renting tries again on its own after the backoff"
+            )
+            return give_up_renting(attempt, now=now, why=why, end_reason="no_credit")
         except CreateOutcomeUnknown:
             logger.warning("create for %s has an unknown outcome; adopting by label", attempt)
             return "unknown"

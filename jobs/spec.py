@@ -47,7 +47,8 @@ class RequirementsSpec(_Strict):
     min_gpu_ram_gb: float = Field(0.0, ge=0, le=1024, description="per GPU, GiB")
     min_reliability: float = Field(0.98, ge=0, le=1)
     min_inet_down_mbps: float = Field(500.0, ge=0, le=100_000)
-    disk_gb: float = Field(50.0, gt=0, le=20_000)
+    # Vast refuses a create with less than 8 GB of disk (create_instance.yaml).
+    disk_gb: float = Field(50.0, ge=8, le=20_000)
     min_cuda: float | None = Field(None, ge=0, le=99)
     verified_only: bool = True
     datacenter_only: bool = False

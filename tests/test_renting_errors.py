@@ -50,6 +50,49 @@ def test_an_error_while_renting_closes_the_attempt_at_once_and_the_job_is_rented
     assert retry.number == 2
 
 
+@pytest.mark.django_db
+def test_an_account_without_credit_stops_renting_and_tells_the_admin_to_top_up(sandbox_factory):
+    broke = sandbox_factory("--credit", "0")
+    job = JobFactory(requirements=FIELD_REPORT_REQUIREMENTS)
+    now = timezone.now()
+    attempt = renting.plan_rent(job.pk, now=now)
+    creates = []
+    with VastClient(DEFAULT_KEY, broke.url) as client:
+        real = client.create_instance
+
+        def counted(*args, **kwargs):
+            creates.append(args[0])
+            return real(*args, **kwargs)
+
+        client.create_instance = counted
+        assert renting.rent(attempt.pk, now=now, client=client) == "no-offers"
+        assert client.list_instances() == []
+
+    attempt.refresh_from_db()
+    assert (attempt.state, attempt.end_reason) == (AttemptState.ENDED, "no_credit")
+    assert len(creates) == 1  # every offer would say the same: not tried one by one
+    said = JobEvent.objects.get(job=job, kind="no_offers").message
+    assert "billing" in said
+    assert "a team admin must add credit to the Vast account" in said
+
+
+def test_the_bootstrap_fits_vasts_create_limits(settings, tmp_path):
+    """onstart + args at most 4,096 characters and a label at most 256 (create_instance.yaml),
+    with a long site URL and the longest job and attempt numbers."""
+    from jobs.bootstrap import render_bootstrap
+    from jobs.models import Attempt
+
+    settings.SITE_URL = "https://" + "nomadgpu-portal." * 6 + "example.com"
+    settings.NOMADGPU_ENV = "production-eu-west"
+    job = JobFactory.build(pk=2_147_483_647)
+    attempt = Attempt(job=job, number=9_999)
+
+    script = render_bootstrap(attempt, token="t" * 64)
+
+    assert len(script) <= 4096, len(script)
+    assert len(renting.label_for(job, 9_999)) <= 256
+
+
 def _build_many(path: str, barrier, times: int) -> None:
     barrier.wait()
     for _ in range(times):

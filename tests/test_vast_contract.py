@@ -23,6 +23,7 @@ from hosts.vast import (
     InsufficientCredit,
     OfferGone,
     RateLimited,
+    RetryPolicy,
     VastClient,
     VastError,
 )
@@ -233,10 +234,15 @@ def test_renting_a_taken_ask_is_offer_gone(sandbox: Sandbox):
     (offer_id,) = cheapest(client)
     rent(client, offer_id, "first")
 
-    with pytest.raises(OfferGone) as raised:
+    with pytest.raises(OfferGone) as taken:
         rent(client, offer_id, "second")
+    with pytest.raises(OfferGone) as unknown:
+        rent(client, 1, "never-listed")
 
-    assert raised.value.code == "no_such_ask"
+    # Vast's two sources disagree on the code of this 404; both mean "try the next offer".
+    assert (taken.value.status, taken.value.code) == (404, "invalid_args")
+    assert "no_such_ask" in taken.value.message
+    assert (unknown.value.status, unknown.value.code) == (404, "no_such_ask")
 
 
 def test_renting_without_credit_is_insufficient_credit(sandbox_factory):
@@ -343,18 +349,34 @@ def test_the_client_waits_out_vasts_rate_limits(sandbox_factory):
     scaled = Timing.fast().rate_interval
     box = sandbox_factory(relaxed=False)
     slept, sleep = recording_sleep()
-    client = client_for(box, sleep=sleep)
+    # The create penalty (12 s on Vast) scaled like the sandbox's own.
+    policy = RetryPolicy(create_penalty_s=scaled(12.0))
+    client = client_for(box, sleep=sleep, retry=policy)
     first, second = cheapest(client, 2)
     time.sleep(scaled(2.0) + 0.1)  # the search above used the POST /bundles/ interval
 
     client.list_instances()
     client.list_instances()  # 1 s interval: 429 "endpoint threshold=0.25", then served
     rent(client, first, "limited-1")
-    rent(client, second, "limited-2")  # 4.5 s interval for creates: waited out, not failed
+    rent(client, second, "limited-2")  # 4.5 s interval and the penalty: waited out, not failed
 
     assert len(client.list_instances()) == 2
     assert any(s >= scaled(1.0) for s in slept)
-    assert any(s >= scaled(4.5) for s in slept)
+    assert any(s >= scaled(12.0) for s in slept)
+
+
+def test_a_create_retried_at_the_bare_threshold_meets_the_penalty_again(sandbox_factory):
+    scaled = Timing.fast().rate_interval
+    box = sandbox_factory(relaxed=False)
+    first, second = cheapest(client_for(box), 2)
+    hasty = client_for(box, retry=RetryPolicy(attempts=2, create_penalty_s=0.0))
+    rent(hasty, first, "hasty-1")
+
+    with pytest.raises(RateLimited):
+        rent(hasty, second, "hasty-2")  # waited 4.5 s (scaled), but the penalty was 12
+
+    time.sleep(scaled(12.0) + 0.1)
+    assert rent(hasty, second, "hasty-2") > 0
 
 
 def block_all_calls(box: Sandbox, seconds: float) -> None:

@@ -753,7 +753,26 @@ def test_it_resends_a_create_that_never_connected_or_was_rate_limited():
 
     assert created.id == 4242
     assert created.is_bid is False
-    assert edge.sleeps == [0.5, 4.5]
+    assert edge.sleeps == [0.5, 12.0]  # a create's 429 waits out Vast's penalty, not the 4.5 s
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "kind"),
+    [
+        (404, {"error": "no_such_ask", "msg": "gone"}, OfferGone),  # the generated spec
+        (404, {"error": "invalid_args", "msg": "error 404/3603: no_such_ask ..."}, OfferGone),
+        (400, {"error": "invalid_args", "msg": "billing issue: add credit"}, InsufficientCredit),
+        (400, {"error": "missing_billing", "msg": "no card"}, InsufficientCredit),
+        (400, {"error": "invalid_args", "msg": "disk must be at least 8 GB"}, ProviderError),
+    ],
+)
+def test_create_errors_are_read_in_both_of_vasts_spellings(status, body, kind):
+    edge = Edge(ok({"success": False, **body}, status=status))
+
+    with pytest.raises(kind) as raised:
+        create(edge.client())
+
+    assert type(raised.value) is kind
 
 
 @pytest.mark.parametrize("status", [404, 410])

@@ -48,7 +48,12 @@ from hosts.sandbox.timing import (
     image_bytes,
 )
 
-LABEL_MAX = 1024
+LABEL_MAX = 1024  # a label set later (PUT /instances/{id}/)
+# Create's own limits (vast-ai/docs create_instance.yaml): label at most 256 characters,
+# onstart + args (+ args_str) at most 4,096 together, disk at least 8 GB.
+CREATE_LABEL_MAX = 256
+CREATE_SCRIPT_MAX = 4096
+DISK_MIN_GB = 8.0
 PRICE_MIN, PRICE_MAX = 0.001, 128.0
 DEFAULT_DISK_GB = 10.0  # the SDK's default; the docs say 8
 ACTIVE = ("created", "loading", "running", "rebooting")  # statuses heading for / at running
@@ -134,10 +139,11 @@ class Engine:
                     f"disk {config['disk']} GB exceeds the offer's {offer['disk_space']} GB",
                 )
             if billing.credit(self.store, account_id, now) <= 0:
+                # Vast's generated spec: create answers 400 invalid_args "for billing issues".
                 raise ApiError(
                     400,
-                    "insufficient_credit",
-                    "Your account has no credit left; add credit to rent.",
+                    "invalid_args",
+                    "Your account has a billing issue: no credit left. Add credit to rent.",
                 )
             inst_id = self._insert(account_id, ask_id, offer, config, now)
             self._prepare_scratch(inst_id, offer, config)
@@ -149,15 +155,16 @@ class Engine:
         }
 
     def _available_offer(self, ask_id: int) -> dict:
+        """The offer behind ASK_ID, or the 404 Vast gives for a gone one. Its two sources
+        disagree on the code, so both are served: an ask that was never there or left the
+        market answers `no_such_ask` (the generated spec), one rented meanwhile `invalid_args`
+        with "no_such_ask" in the message (the hand-written create_instance example)."""
         offer = self.market.get(ask_id)
-        taken = ask_id in self.rented_asks() or ask_id in self.gone_asks()
-        if offer is None or taken or ask_id in self.market.taken_by_others:
-            raise ApiError(
-                404,
-                "no_such_ask",
-                f"error 404/3603: no_such_ask  Instance type by id {ask_id} is not available.",
-                ask_id=ask_id,
-            )
+        text = f"error 404/3603: no_such_ask  Instance type by id {ask_id} is not available."
+        if offer is None or ask_id in self.gone_asks():
+            raise ApiError(404, "no_such_ask", text, ask_id=ask_id)
+        if ask_id in self.rented_asks() or ask_id in self.market.taken_by_others:
+            raise ApiError(404, "invalid_args", text, ask_id=ask_id)
         return offer
 
     def _insert(self, account_id: int, ask_id: int, offer: dict, config: dict, now: float) -> int:
@@ -738,13 +745,21 @@ def _config(body: dict) -> dict:
             )
         raise ApiError(400, "invalid_args", "image is required")
     label = body.get("label")
-    if label is not None and (not isinstance(label, str) or len(label) > LABEL_MAX):
+    if label is not None and (not isinstance(label, str) or len(label) > CREATE_LABEL_MAX):
         raise ApiError(
-            400, "invalid_args", f"label must be a string of at most {LABEL_MAX} characters"
+            400, "invalid_args", f"label must be a string of at most {CREATE_LABEL_MAX} characters"
         )
     args = body.get("args")
     if args is not None and not isinstance(args, list):
         raise ApiError(400, "invalid_args", "args must be a list")
+    script = len(body.get("onstart") or "") + len(str(body.get("args_str") or ""))
+    script += sum(len(str(a)) for a in args or ())
+    if script > CREATE_SCRIPT_MAX:
+        raise ApiError(
+            400,
+            "invalid_args",
+            f"onstart and args are {script} characters; at most {CREATE_SCRIPT_MAX} together",
+        )
     return {
         "image": image,
         "disk": _disk(body.get("disk")),
@@ -766,8 +781,8 @@ def _disk(value: Any) -> float:
         disk = float(value)
     except (TypeError, ValueError) as exc:
         raise ApiError(400, "invalid_args", "disk must be a number of GB") from exc
-    if disk <= 0:
-        raise ApiError(400, "invalid_args", "disk must be positive")
+    if disk < DISK_MIN_GB:
+        raise ApiError(400, "invalid_args", f"disk must be at least {DISK_MIN_GB:g} GB")
     return disk
 
 
