@@ -165,7 +165,13 @@ def job_lead_s(job_id: int) -> float:
 
 
 def pause_action(
-    *, now: datetime, started_at: datetime, deadline: datetime, lead_s: float, checkpoint: str
+    *,
+    now: datetime,
+    started_at: datetime,
+    deadline: datetime,
+    lead_s: float,
+    checkpoint: str,
+    asked_at: datetime | None = None,
 ) -> str:
     """What an open pause does at NOW: ``RELEASE`` the machine, ``ASK`` for a checkpoint, or
     ``WAIT``. STARTED_AT is when the attempt began to spend, LEAD_S what a checkpoint takes
@@ -176,16 +182,22 @@ def pause_action(
     trains on and is asked at the last pass that can still get a checkpoint in before the
     deadline; once the one asked for has arrived it is released when no later one could arrive
     in time, but never with less than half the attempt's time until the money runs out (an
-    interval after the deadline) used: then it is asked again instead."""
+    interval after the deadline) used: then it is asked again instead. Nor when the checkpoint
+    in hand answered an early request (ASKED_AT, the last one, came before that last pass):
+    a pass that came late, as on a loaded worker, would otherwise release the machine with all
+    the work since then lost; a request now may still arrive before the deadline."""
     if now >= deadline:
         return RELEASE
     if checkpoint == ASKED:
         return WAIT
     lead = timedelta(seconds=lead_s)
+    interval = timedelta(seconds=interval_s())
     if checkpoint == ARRIVED and now + lead > deadline:
-        runs_out = deadline + timedelta(seconds=interval_s())
+        if asked_at is not None and asked_at + lead + interval < deadline:
+            return ASK  # what we hold is old: a late request beats none
+        runs_out = deadline + interval
         return RELEASE if now - started_at >= (runs_out - started_at) / 2 else ASK
-    if now + lead + timedelta(seconds=interval_s()) >= deadline:
+    if now + lead + interval >= deadline:
         return ASK  # the next pass would ask too late
     return WAIT
 
@@ -329,6 +341,7 @@ def _action(pause: BudgetPause, *, now: datetime) -> str:
         deadline=pause.deadline,
         lead_s=job_lead_s(pause.job_id),
         checkpoint=checkpoint_state(pause),
+        asked_at=pause.asked_at,
     )
 
 

@@ -249,22 +249,30 @@ def tight_job(team, **job_fields):
 
 
 @pytest.mark.parametrize(
-    ("now_s", "checkpoint", "expected"),
+    ("now_s", "checkpoint", "asked_s", "expected"),
     [
-        (46.9, enforce.ASKED, enforce.RELEASE),  # the deadline: whatever the job has
-        (40, enforce.ASKED, enforce.WAIT),  # the checkpoint asked for is on its way
-        (5, enforce.ARRIVED, enforce.WAIT),  # an early one arrived: another fits later
-        (18, enforce.ARRIVED, enforce.ASK),  # the last pass that can still get one in
-        (30, enforce.ARRIVED, enforce.RELEASE),  # no later one fits, most money used
-        (24, enforce.ARRIVED, enforce.ASK),  # no later one fits, under half used: try anyway
-        (5, enforce.NOT_ASKED, enforce.WAIT),  # registered, not training yet: ask in time
-        (30, enforce.NOT_ASKED, enforce.ASK),  # late, but never released without asking
+        (46.9, enforce.ASKED, 18, enforce.RELEASE),  # the deadline: whatever the job has
+        (40, enforce.ASKED, 18, enforce.WAIT),  # the checkpoint asked for is on its way
+        (5, enforce.ARRIVED, 1, enforce.WAIT),  # an early one arrived: another fits later
+        (18, enforce.ARRIVED, 1, enforce.ASK),  # the last pass that can still get one in
+        (30, enforce.ARRIVED, 18, enforce.RELEASE),  # no later one fits, most money used
+        (24, enforce.ARRIVED, 18, enforce.ASK),  # no later one fits, under half used: try anyway
+        # That last pass came late (a loaded worker) and what we hold is from the start:
+        # releasing now would lose all the work since; a request now may still beat the deadline.
+        (30, enforce.ARRIVED, 1, enforce.ASK),
+        (5, enforce.NOT_ASKED, None, enforce.WAIT),  # registered, not training yet: ask in time
+        (30, enforce.NOT_ASKED, None, enforce.ASK),  # late, but never released without asking
     ],
 )
-def test_what_an_open_pause_does_at_each_pass(now_s, checkpoint, expected, settings):
+def test_what_an_open_pause_does_at_each_pass(now_s, checkpoint, asked_s, expected, settings):
     settings.WATCHDOG_INTERVAL_S = 5
     action = enforce.pause_action(
-        now=at(now_s), started_at=T, deadline=at(46.9), lead_s=24.25, checkpoint=checkpoint
+        now=at(now_s),
+        started_at=T,
+        deadline=at(46.9),
+        lead_s=24.25,
+        checkpoint=checkpoint,
+        asked_at=None if asked_s is None else at(asked_s),
     )
 
     assert action == expected

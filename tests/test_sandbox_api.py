@@ -710,17 +710,25 @@ def running(sandbox: Sandbox) -> tuple[Sandbox, int]:
     return sandbox, iid
 
 
-def test_injected_destroy_is_a_vanished_host(running):
+def test_injected_destroy_is_a_vanished_host_listed_offline_until_the_renter_destroys_it(running):
     box, iid = running
     ask, pgid = box.debug(iid)["ask_id"], box.debug(iid)["pgid"]
 
     box.inject(iid, "destroy")
 
     wait_until(lambda: not group_states(pgid), timeout=5, what="the processes to die with the host")
-    assert box.client().get(f"/api/v0/instances/{iid}/").json() == {"instances": None}
-    assert box.client().get("/api/v1/instances/").json()["total_instances"] == 0
+    # A host cannot delete a renter's instance: it is still there, offline.
+    shown = box.client().get(f"/api/v0/instances/{iid}/").json()["instances"]
+    assert (shown["actual_status"], shown["status_msg"]) == ("offline", "host unreachable")
+    assert box.client().get("/api/v1/instances/").json()["total_instances"] == 1
     assert box.search({"id": {"eq": ask}}) == []  # the host is gone from the market too
-    assert box.debug(iid)["destroyed_by"] == "host"
+    assert box.debug(iid)["billing_now"] == []  # offline: no GPU, no storage (Vast's billing)
+    assert box.debug(iid)["destroyed_by"] is None
+
+    assert box.client().delete(f"/api/v0/instances/{iid}/").json()["success"] is True
+    assert box.client().get(f"/api/v0/instances/{iid}/").json() == {"instances": None}
+    assert box.debug(iid)["destroyed_by"] == "user"
+    assert box.debug(iid)["billing_now"] == []
 
 
 def test_freeze_stops_the_processes_and_thaw_resumes_them(running):

@@ -461,7 +461,25 @@ class Engine:
         return self.debug_view(inst_id)
 
     def _inject_destroy(self, inst: dict, arg: Any) -> None:
-        self.destroy(inst, by="host")
+        """The host vanished (powered off for good, pulled from the market). A host cannot
+        delete a renter's instance (Vast's jsbcannell in cloud-gpus.github.io PR #13; the
+        status table's ``offline``): it stays listed as ``offline``, billing nothing (Vast's
+        billing guide: no GPU or storage charge while offline), until the renter destroys it.
+        Its processes die with the machine; its ask never comes back."""
+        now = self.clock()
+        with self.store.tx():
+            _, pgid = self._release(
+                inst["id"],
+                now,
+                event="host vanished",
+                host_online=0,
+                deadline=None,
+                status_msg="host unreachable",
+            )
+            self.store.run(
+                "INSERT OR IGNORE INTO gone_asks (ask_id, at) VALUES (?, ?)", (inst["ask_id"], now)
+            )
+        self.processes.kill(pgid)
 
     def _inject_freeze(self, inst: dict, arg: Any) -> None:
         signal_group(inst["pgid"], signal.SIGSTOP)

@@ -104,7 +104,7 @@ def test_a_job_survives_two_destroyed_hosts_and_ends_with_the_uninterrupted_weig
     interruptions = list(Interruption.objects.filter(job=job).order_by("detected_at"))
     assert [i.attempt.number for i in interruptions] == [1, 2]
     for interruption in interruptions:
-        assert interruption.cause in ("provider_gone", "heartbeat_timeout")
+        assert interruption.cause in ("provider_offline", "heartbeat_timeout")
         assert interruption.running_again_at > interruption.replacement_rented_at
         assert interruption.resumed_step > 0
     assert interruptions[1].resumed_step > interruptions[0].resumed_step  # progress kept
@@ -491,7 +491,7 @@ def test_recovery_completes_through_a_429_storm(supervisor, settings):
 
     interruption = wait_interruption(first, timeout=60)
     # Silence is noticed without the provider's API; the provider says gone once it answers.
-    assert interruption.cause in ("heartbeat_timeout", "provider_gone")
+    assert interruption.cause in ("heartbeat_timeout", "provider_offline")
     wait_state(job, JobState.SUCCEEDED, timeout=120)
     interruption.refresh_from_db()
     assert interruption.running_again_at is not None

@@ -79,7 +79,7 @@ def test_a_drill_notifies_each_channel_once_per_event_in_order(supervisor, teleg
     assert receiver.rejected == []
     interruption = Interruption.objects.get(attempt=first)
     assert f"Resumed from step {interruption.resumed_step}" in telegram.texts()[1]
-    assert "Cause: provider_gone" in telegram.texts()[0]
+    assert "Cause: provider_offline" in telegram.texts()[0]
     assert all(f"/jobs/{job.pk}/" in text for text in telegram.texts())
     rows = Delivery.objects.filter(event__job=job)
     assert rows.count() == 6

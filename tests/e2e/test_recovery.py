@@ -38,7 +38,7 @@ def test_a_host_destroyed_halfway_resumes_from_the_newest_checkpoint(
     wait_until(lambda: state_of(job) == JobState.SUCCEEDED, timeout=180, what="the job to finish")
     interruption = Interruption.objects.get(attempt=first)
     last = job.attempts.order_by("-number").first()
-    assert interruption.cause == "provider_gone"
+    assert interruption.cause == "provider_offline"  # the host vanished: listed offline
     assert interruption.resumed_step >= newest_before.step > 0
     assert interruption.running_again_at > interruption.replacement_rented_at
     assert last.number == 2

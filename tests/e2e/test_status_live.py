@@ -35,7 +35,7 @@ def test_a_real_recovery_shows_on_the_public_status_page(supervisor, live_server
     assert body["back_on_machine_s"] == {"count": 1, "median": back_s, "p90": back_s}
     assert body["detection_s"]["count"] == 1
     incident = body["incidents"][0]
-    assert (incident["cause"], incident["outcome"]) == ("provider_gone", "resumed")
+    assert (incident["cause"], incident["outcome"]) == ("provider_offline", "resumed")
     assert incident["resumed_step"] == row.resumed_step > 0
     assert body["health"]["watchdog"]["ok"] is True
     assert body["health"]["provider"]["ok"] is True
