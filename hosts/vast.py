@@ -379,6 +379,7 @@ class Instance:
     actual_status: str | None
     intended_status: str | None
     cur_state: str | None
+    next_state: str | None
     status_msg: str | None
     machine_id: int | None
     host_id: int | None
@@ -661,6 +662,7 @@ def parse_instance(raw: Mapping[str, Any]) -> Instance:
         actual_status=_str(raw.get("actual_status")),
         intended_status=_str(raw.get("intended_status")),
         cur_state=_str(raw.get("cur_state")),
+        next_state=_str(raw.get("next_state")),
         status_msg=_str(raw.get("status_msg")),
         machine_id=_int(raw.get("machine_id")),
         host_id=_int(raw.get("host_id")),

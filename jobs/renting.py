@@ -166,6 +166,7 @@ def _choose_and_create(attempt: Attempt, token: str, *, client: VastClient, now:
     if decision is None:
         return give_up_renting(attempt, now=now, why="no offer matches the requirements")
     onstart = render_bootstrap(attempt, token=token)
+    refused: list[str] = []
     for candidate in decision.candidates[:MAX_CREATE_TRIES]:
         offer = candidate.offer
         try:
@@ -186,6 +187,9 @@ def _choose_and_create(attempt: Attempt, token: str, *, client: VastClient, now:
             return "unknown"
         except VastError as exc:
             return give_up_renting(attempt, now=now, why=f"create failed: {exc}")
+        if created.created_stopped:
+            refused.append(destroy_created_stopped(attempt, created.id, offer, client=client))
+            continue
         try:
             record_rented(
                 attempt.pk,
@@ -202,9 +206,23 @@ def _choose_and_create(attempt: Attempt, token: str, *, client: VastClient, now:
             )
             return "unknown"
         return "rented"
-    return give_up_renting(
-        attempt, now=now, why="every chosen offer was taken before we could rent it"
-    )
+    why = "every chosen offer was taken before we could rent it"
+    if refused:
+        why = f"no chosen offer would run: {'; '.join(refused)}"
+    return give_up_renting(attempt, now=now, why=why)
+
+
+def destroy_created_stopped(attempt: Attempt, instance_id: int, offer, *, client) -> str:
+    """Destroy a contract Vast created stopped (``success: false`` with ``new_contract``: a bid
+    under the host's ``min_bid``), at once: it bills storage and would never train. Returns why,
+    for the event that closes the attempt."""
+    why = f"instance {instance_id} on offer {offer.id} was created stopped (bid under min_bid)"
+    logger.warning("%s: %s; destroying it", attempt, why)
+    try:
+        client.destroy_instance(instance_id)
+    except VastError as exc:  # the orphan reaper destroys it by its label later
+        logger.warning("destroying stopped instance %s failed: %s", instance_id, exc)
+    return why
 
 
 def record_rented(

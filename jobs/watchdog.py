@@ -147,9 +147,19 @@ def provider_loss(attempt: Attempt, instance: Instance | None) -> Loss | None:
         return Loss(attempt.pk, f"provider_{status}", instance.status_msg or "")
     if status == "unknown" and attempt.provider_unknown_polls >= 1:
         return Loss(attempt.pk, "provider_unknown", "no host heartbeat for two polls")
-    if instance.is_bid and status == "stopped" and instance.intended_status == "running":
+    if is_outbid(instance):
         return Loss(attempt.pk, "outbid", "interruptible instance paused by a higher bid")
+    if status == "stopped":  # Vast stopped it (credit, contract end): it will not train again
+        return Loss(attempt.pk, "provider_stopped", instance.status_msg or "")
     return None
+
+
+def is_outbid(instance: Instance) -> bool:
+    """Whether Vast paused an interruptible INSTANCE for a higher bid: it then shows
+    ``cur_state == intended_status == next_state == "stopped"`` (dstack's Vast backend,
+    ``compute.py``, from real instances: Vast flips the intended state too)."""
+    stopped = (instance.cur_state, instance.intended_status, instance.next_state)
+    return bool(instance.is_bid) and stopped == ("stopped",) * 3
 
 
 def poll_providers(now: datetime) -> list[Loss]:

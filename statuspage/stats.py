@@ -41,6 +41,7 @@ CAUSE_LABELS = {
     "provider_gone": "instance vanished at the provider",
     "provider_exited": "instance exited",
     "provider_offline": "host went offline",
+    "provider_stopped": "instance stopped by the provider",
     "provider_unknown": "provider lost contact with the host",
     "outbid": "outbid by a higher bid",
     "heartbeat_timeout": "agent heartbeats stopped",

@@ -76,6 +76,28 @@ def test_an_account_without_credit_stops_renting_and_tells_the_admin_to_top_up(s
     assert "a team admin must add credit to the Vast account" in said
 
 
+@pytest.mark.django_db
+def test_a_contract_created_stopped_is_destroyed_at_once_and_the_reason_kept(sandbox):
+    # A bid under min_bid: Vast creates the instance stopped and answers success: false.
+    job = JobFactory(requirements=FIELD_REPORT_REQUIREMENTS)
+    now = timezone.now()
+    attempt = renting.plan_rent(job.pk, now=now)
+    with VastClient(DEFAULT_KEY, sandbox.url) as client:
+        real = client.create_instance
+
+        def underbid(offer_id, **kwargs):
+            return real(offer_id, **kwargs, bid_usd_per_hour=0.001)
+
+        client.create_instance = underbid
+        assert renting.rent(attempt.pk, now=now, client=client) == "no-offers"
+        assert client.list_instances() == []  # every stopped contract destroyed: nothing bills
+
+    attempt.refresh_from_db()
+    assert attempt.instance_id is None
+    said = JobEvent.objects.get(job=job, kind="no_offers").message
+    assert "was created stopped (bid under min_bid)" in said
+
+
 def test_the_bootstrap_fits_vasts_create_limits(settings, tmp_path):
     """onstart + args at most 4,096 characters and a label at most 256 (create_instance.yaml),
     with a long site URL and the longest job and attempt numbers."""

@@ -480,9 +480,17 @@ def test_interruptible_instances_bill_the_bid(sandbox: Sandbox):
     assert shown["dph_base"] == bid
 
     low = sandbox.search({"min_bid": {"gt": 0.01}, "rentable": {"eq": True}, "limit": 1})[0]
-    under = sandbox.create(low["id"], price=round(low["min_bid"] / 2, 4))
+    reply = sandbox.client().put(
+        f"/api/v0/asks/{low['id']}/",
+        json={"image": "ubuntu", "price": round(low["min_bid"] / 2, 4)},
+    )
+    # Created, but stopped: success false with the new contract (Vast's generated spec).
+    assert reply.status_code == 200
+    assert reply.json()["success"] is False
+    under = reply.json()["new_contract"]
     shown = sandbox.client().get(f"/api/v0/instances/{under}/").json()["instances"]
-    assert (shown["actual_status"], shown["intended_status"]) == ("stopped", "running")
+    states = (shown["cur_state"], shown["intended_status"], shown["next_state"])
+    assert (shown["actual_status"], states) == ("stopped", ("stopped",) * 3)
     assert "outbid" in shown["status_msg"]
 
 
@@ -799,7 +807,9 @@ def test_outbid_pauses_the_instance_until_its_bid_wins_again(running):
     box.inject(iid, "outbid")
 
     shown = box.client().get(f"/api/v0/instances/{iid}/").json()["instances"]
-    assert (shown["actual_status"], shown["intended_status"]) == ("stopped", "running")
+    # As dstack sees outbid instances on Vast: all three states read stopped.
+    states = (shown["cur_state"], shown["intended_status"], shown["next_state"])
+    assert (shown["actual_status"], states) == ("stopped", ("stopped",) * 3)
     assert box.debug(iid)["billing_now"] == ["disk"]
     wait_until(lambda: not group_states(pgid), timeout=5, what="the container to stop")
     box.inject(iid, "outbid", "end")

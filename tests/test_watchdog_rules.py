@@ -90,10 +90,14 @@ def test_unknown_counts_only_on_the_second_poll():
     )
 
 
-def test_an_outbid_interruptible_instance_is_a_loss():
-    paused = instance("stopped", is_bid=True, intended_status="running")
+def test_an_outbid_interruptible_instance_is_a_loss_by_vasts_three_stopped_states():
+    states = {"cur_state": "stopped", "intended_status": "stopped", "next_state": "stopped"}
+    paused = instance("stopped", is_bid=True, **states)
+    on_demand = instance("stopped", is_bid=False, status_msg="out of credit", **states)
 
     assert provider_loss(attempt(), paused).cause == "outbid"
+    assert provider_loss(attempt(), on_demand).cause == "provider_stopped"
+    assert provider_loss(attempt(), on_demand).detail == "out of credit"
 
 
 def test_running_and_loading_are_healthy():

@@ -197,9 +197,16 @@ class Engine:
         if config["target_state"] == "stopped":
             return self._update(inst_id, now, status="stopped", intended="stopped")
         if config["price"] is not None and config["price"] < float(offer.get("min_bid", 0.0)):
-            # A bid under the floor is paused until it has priority, like an outbid one.
+            # A bid under the floor is created stopped, like an outbid one, and the create
+            # answers success: false with its new_contract (Vast's generated create spec:
+            # "false if it started in stopped state"; dstack's api_client.py relies on it).
             return self._update(
-                inst_id, now, status="stopped", outbid=1, status_msg="outbid: bid below min_bid"
+                inst_id,
+                now,
+                status="stopped",
+                intended="stopped",
+                outbid=1,
+                status_msg="outbid: bid below min_bid",
             )
         deadline = now + self.timing.phase(SCHEDULING_S, inst_id, "scheduling")
         return self._update(inst_id, now, status="created", deadline=deadline)
@@ -540,16 +547,19 @@ class Engine:
         self._update(inst["id"], self.clock(), event=f"slow {factor}", slow=factor)
 
     def _inject_outbid(self, inst: dict, arg: Any) -> None:
+        """Another tenant's higher bid takes the machine: the container stops and Vast flips
+        the intended state too, so cur_state, intended_status and next_state all read
+        ``stopped`` (dstack's Vast backend detects an interruption by exactly that). ``end``:
+        the bid has priority again and the container starts (onstart again)."""
         if arg in ("end", "resume"):
             self._update(inst["id"], self.clock(), event="bid has priority again", outbid=0)
-            if inst["intended"] == "running" and inst["status"] == "stopped":
+            if inst["status"] == "stopped":
+                self._update(inst["id"], self.clock(), intended="running")
                 self.start(self.get(inst["id"]))
             return
         self._update(inst["id"], self.clock(), outbid=1)
         self.stop(
-            self.get(inst["id"]),
-            msg="outbid: a higher bid took the machine",
-            intended=inst["intended"],
+            self.get(inst["id"]), msg="outbid: a higher bid took the machine", intended="stopped"
         )
 
     def _inject_reboot(self, inst: dict, arg: Any) -> None:
