@@ -159,6 +159,8 @@ class Attempt(models.Model):
     # Why this host: the selection's decision (chosen offer, top candidates, cost breakdowns).
     decision = models.JSONField(default=dict, blank=True)
     provider_status = models.CharField(max_length=20, blank=True)
+    # The provider's own words with it (Vast's status_msg): why a start is stuck, say.
+    provider_status_msg = models.CharField(max_length=500, blank=True)
     provider_unknown_polls = models.PositiveSmallIntegerField(default=0)
     resumed_from_step = models.PositiveIntegerField(null=True, blank=True)
 

@@ -118,7 +118,7 @@ def cause_of_due(attempt: Attempt, now: datetime) -> Loss | None:
     """Why a due attempt counts as lost (conditions 2-5), or None if it is not after all."""
     job = attempt.job
     if attempt.registered_at is None:
-        return Loss(attempt.pk, "never_registered", f"no agent within {job.start_timeout_s} s")
+        return Loss(attempt.pk, "never_registered", never_registered_detail(attempt))
     if attempt.gpu_ok is False:
         return Loss(attempt.pk, "gpu_fault", attempt.gpu_error[:300])
     timeout = job.heartbeat_timeout
@@ -128,6 +128,18 @@ def cause_of_due(attempt: Attempt, now: datetime) -> Loss | None:
     if is_stalled(attempt, now):
         return Loss(attempt.pk, "stalled", f"step {attempt.step} for {job.stall_timeout_s} s")
     return None
+
+
+def never_registered_detail(attempt: Attempt) -> str:
+    """Why a start timed out, in the provider's words where it gave any: an instance stuck in
+    ``created`` with "OCI runtime create failed" never ran the container at all."""
+    detail = f"no agent within {attempt.job.start_timeout_s:g} s"
+    said = attempt.provider_status_msg.strip()
+    if "OCI runtime create failed" in said:  # first: the interruption keeps 300 characters
+        detail += ": the host could not start the container (OCI runtime create failed)"
+    if attempt.provider_status and said:
+        detail += f"; the provider shows it {attempt.provider_status}: {said}"
+    return detail
 
 
 def is_stalled(attempt: Attempt, now: datetime) -> bool:
@@ -218,10 +230,14 @@ def reconcile_account(
 
 
 def note_provider_status(attempt: Attempt, instance: Instance | None) -> None:
+    """Keep what the provider last said of ATTEMPT's instance: its status, how many polls in a
+    row it was ``unknown``, and its message (the start timeout quotes it)."""
     status = instance.actual_status if instance else "gone"
     unknown = F("provider_unknown_polls") + 1 if status == "unknown" else 0
     Attempt.objects.filter(pk=attempt.pk).update(
-        provider_status=status or "", provider_unknown_polls=unknown
+        provider_status=status or "",
+        provider_unknown_polls=unknown,
+        provider_status_msg=((instance.status_msg or "") if instance else "")[:500],
     )
 
 

@@ -372,8 +372,9 @@ def test_fake_nvidia_smi_reports_the_gpus_and_fails_on_gpu_fault(sandbox: Sandbo
     assert subprocess.run([tool, "-L"], capture_output=True).returncode == 0
 
 
-def test_onstart_ending_marks_the_instance_exited(sandbox: Sandbox):
-    iid = sandbox.create(cheapest_ask(sandbox), onstart="echo bye\nexit 3\n")
+def test_onstart_ending_marks_an_args_instance_exited(sandbox: Sandbox):
+    # runtype args: the container runs the command itself, and ends with it.
+    iid = sandbox.create(cheapest_ask(sandbox), onstart="echo bye\nexit 3\n", runtype="args")
 
     sandbox.wait_status(iid, "exited")
 
@@ -383,8 +384,40 @@ def test_onstart_ending_marks_the_instance_exited(sandbox: Sandbox):
     assert "bye" in (Path(sandbox.debug(iid)["scratch"]) / "onstart.log").read_text()
 
 
+def test_an_ssh_instance_stays_running_after_onstart_and_everything_it_started_ended(
+    sandbox: Sandbox,
+):
+    # Vast's ssh entrypoint keeps the container up: only a heartbeat could tell the agent died.
+    iid = sandbox.create(
+        cheapest_ask(sandbox), onstart="echo bye\nexit 3\n", runtype="ssh_direc ssh_proxy"
+    )
+    wait_until(
+        lambda: "onstart exited with code 3" in {e["kind"] for e in sandbox.debug(iid)["events"]},
+        timeout=10,
+        what="onstart to end",
+    )
+
+    assert sandbox.status(iid) == "running"
+    assert sandbox.debug(iid)["processes"] == []
+    assert sandbox.debug(iid)["billing_now"] == ["disk", "gpu"]  # and the GPU is still billed
+
+
+def test_a_container_the_host_cannot_create_stays_created_with_the_runtime_error(running):
+    box, iid = running
+
+    box.inject(iid, "oci-fail")
+
+    shown = box.client().get(f"/api/v0/instances/{iid}/").json()["instances"]
+    assert shown["actual_status"] == "created"
+    assert "OCI runtime create failed" in shown["status_msg"]
+    assert box.debug(iid)["billing_now"] == ["disk"]
+    assert box.debug(iid)["processes"] == []
+
+
 def test_background_work_keeps_the_container_up_after_onstart_returns(sandbox: Sandbox):
-    iid = sandbox.create(cheapest_ask(sandbox), onstart="sleep 120 &\necho started > leader-done\n")
+    iid = sandbox.create(
+        cheapest_ask(sandbox), onstart="sleep 120 &\necho started > leader-done\n", runtype="args"
+    )
     scratch = Path(sandbox.debug(iid)["scratch"])
     wait_until((scratch / "leader-done").exists, timeout=10, what="the onstart script to finish")
     pgid = sandbox.debug(iid)["pgid"]

@@ -103,3 +103,20 @@ def test_an_outbid_interruptible_instance_is_a_loss_by_vasts_three_stopped_state
 def test_running_and_loading_are_healthy():
     assert provider_loss(attempt(), instance("running")) is None
     assert provider_loss(attempt(state="starting"), instance("loading")) is None
+
+
+def test_a_start_timeout_says_what_the_provider_said_first_when_the_container_never_started():
+    stuck = attempt(
+        registered_at=None,
+        last_heartbeat_at=None,
+        provider_status="created",
+        provider_status_msg="Error response from daemon: ... OCI runtime create failed: runc ...",
+    )
+
+    loss = cause_of_due(stuck, NOW)
+
+    assert loss.cause == "never_registered"
+    assert loss.detail.startswith(
+        "no agent within 900 s: the host could not start the container (OCI runtime create failed)"
+    )
+    assert "the provider shows it created: Error response from daemon" in loss.detail

@@ -69,6 +69,15 @@ INSTANCE_ACTIONS = (
     "reboot",
     "overcharge",
     "age",
+    "oci-fail",
+)
+# What Docker says when the NVIDIA runtime cannot start a container (dstack's Vast backend,
+# compute.py, treats a `created` instance with "OCI runtime create failed" as failed).
+OCI_FAILURE = (
+    "Error response from daemon: failed to create task for container: failed to create shim "
+    "task: OCI runtime create failed: runc create failed: unable to start container process: "
+    "error during container init: nvidia-container-cli: initialization error: driver rpc "
+    "error: timed out: unknown"
 )
 
 
@@ -350,6 +359,13 @@ class Engine:
                 if code is not None
                 else "container processes ended"
             )
+            if keeps_container_up(json.loads(inst["config"])["runtype"]):
+                # Vast's ssh/jupyter entrypoint is the container's main process, not onstart:
+                # the container stays `running` (GPU billed) after onstart or the agent ends,
+                # and only the renter's heartbeat can tell (vast-ai/docs show_instance status
+                # table; shared/notes/vast-real-api-audit.md #7).
+                self._update(inst_id, self.clock(), event=msg, pgid=None)
+                return
             self._update(
                 inst_id, self.clock(), status="exited", pgid=None, deadline=None, status_msg=msg
             )
@@ -564,6 +580,14 @@ class Engine:
 
     def _inject_reboot(self, inst: dict, arg: Any) -> None:
         self.reboot(inst)
+
+    def _inject_oci_fail(self, inst: dict, arg: Any) -> None:
+        """The container cannot be created: Vast leaves the instance in ``created`` with the
+        runtime's error in ``status_msg``, for good (no phase runs out any more)."""
+        _, pgid = self._release(
+            inst["id"], self.clock(), status="created", deadline=None, status_msg=OCI_FAILURE
+        )
+        self.processes.kill(pgid)
 
     def _inject_age(self, inst: dict, arg: Any) -> None:
         """Move the contract's whole history SECONDS into the past (sandbox-only, for billing
@@ -865,6 +889,12 @@ def _positive(value: Any, message: str) -> float:
     if number <= 0:
         raise ApiError(400, "invalid_args", message)
     return number
+
+
+def keeps_container_up(runtype: str) -> bool:
+    """Whether the runtype's entrypoint outlives onstart (ssh, jupyter), as on Vast; ``args``
+    runs the image's own command, and the container ends with it."""
+    return any(kind in (runtype or "") for kind in ("ssh", "jupyter"))
 
 
 def _script(config: dict) -> str:
