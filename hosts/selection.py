@@ -264,6 +264,23 @@ RULES: tuple[tuple[str, Callable[[Offer, Requirements], str | None]], ...] = (
     ("max_dph", _too_expensive),
 )
 RULE_UNKNOWN_SPEED = "unknown_speed"  # added by rank_offers: no way to estimate the duration
+RULE_CONTRACT = "contract_duration"  # added by rank_offers: the host's contract ends too soon
+# How much longer than the job's expected rest a host's contract must run: estimates are off
+# (a slow host did 6 s/step instead of 4 in the field report), and a recovery adds time.
+CONTRACT_MARGIN = 0.5  # +50 % of the expected hours ...
+CONTRACT_SLACK_H = 1.0  # ... and an hour
+
+
+def contract_too_short(offer: Offer, cost: CostBreakdown) -> str | None:
+    """Why OFFER's contract would end before the job could (its ``duration`` is shorter than the
+    expected rest plus ``CONTRACT_MARGIN`` and ``CONTRACT_SLACK_H``), or None if it is long
+    enough or unknown."""
+    if offer.duration_s is None:
+        return None
+    left_h, needed_h = offer.duration_s / SECONDS_PER_HOUR, cost.wall_h
+    if left_h >= needed_h * (1 + CONTRACT_MARGIN) + CONTRACT_SLACK_H:
+        return None
+    return f"contract ends in {left_h:.1f} h; the job needs about {needed_h:.1f} h"
 
 
 def first_failed_rule(offer: Offer, req: Requirements) -> Rejection | None:
@@ -549,7 +566,11 @@ def _rank_with_rejections(
             detail = f"no observed speed and no DLPerf for {offer.gpu_name or 'unknown GPU'}"
             rejected.append(Rejection(offer.id, offer.machine_id, RULE_UNKNOWN_SPEED, detail))
             continue
-        ranked.append(Ranked(offer, estimate_cost(offer, profile, book, req)))
+        cost = estimate_cost(offer, profile, book, req)
+        if (short := contract_too_short(offer, cost)) is not None:
+            rejected.append(Rejection(offer.id, offer.machine_id, RULE_CONTRACT, short))
+            continue
+        ranked.append(Ranked(offer, cost))
     return sorted(ranked, key=_ranking_key), rejected
 
 

@@ -367,6 +367,9 @@ class Offer:
     datacenter: bool
     dlperf: float | None
     geolocation: str | None
+    # Seconds the host's contract still runs (`duration`, ref §2: "seconds from now → end_date"):
+    # an on-demand instance is stopped at its end_date and cannot be restarted.
+    duration_s: float | None = None
     raw: Mapping[str, Any] = _mapping_field()
 
 
@@ -626,6 +629,7 @@ def parse_offer(raw: Mapping[str, Any]) -> Offer:
         datacenter=_datacenter(raw),
         dlperf=_float(raw.get("dlperf")),
         geolocation=_str(raw.get("geolocation")),
+        duration_s=_float(raw.get("duration")),
         raw=dict(raw),
     )
 

@@ -402,6 +402,24 @@ def test_an_ssh_instance_stays_running_after_onstart_and_everything_it_started_e
     assert sandbox.debug(iid)["billing_now"] == ["disk", "gpu"]  # and the GPU is still billed
 
 
+def test_an_expired_contract_is_stopped_and_cannot_start_again(running):
+    box, iid = running
+    shown = box.client().get(f"/api/v0/instances/{iid}/").json()["instances"]
+    assert shown["end_date"] > time.time()
+    assert shown["duration"] > 0
+
+    box.inject(iid, "age", shown["duration"] + 5)  # its end_date is now five seconds ago
+    box.wait_status(iid, "stopped", timeout=10)
+
+    shown = box.client().get(f"/api/v0/instances/{iid}/").json()["instances"]
+    assert "contract expired" in shown["status_msg"]
+    assert shown["duration"] == 0
+    again = box.client().put(f"/api/v0/instances/{iid}/", json={"state": "running"})
+    assert again.status_code == 400
+    assert "contract expired" in again.json()["msg"]
+    assert box.debug(iid)["billing_now"] == ["disk"]
+
+
 def test_a_container_the_host_cannot_create_stays_created_with_the_runtime_error(running):
     box, iid = running
 

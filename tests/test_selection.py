@@ -251,6 +251,26 @@ def test_an_offer_without_dlperf_is_timed_from_its_models_typical_dlperf():
     assert seconds_per_step(no_dlperf, FIELD_REPORT_JOB, book) == (4.0, "dlperf-model")
 
 
+def test_an_offer_whose_contract_ends_before_the_job_could_is_refused():
+    needed_h = estimate_cost(make_offer(), FIELD_REPORT_JOB, SpeedBook(), Requirements()).wall_h
+    short = make_offer(id=2, machine_id=2, duration=needed_h * 3600)  # ends as the job would
+    enough = make_offer(id=3, machine_id=3, duration=(needed_h * 1.5 + 1.1) * 3600)
+    unknown = make_offer(id=4, machine_id=4, duration=None)
+
+    decision = choose_offer([short, enough, unknown], Requirements(), FIELD_REPORT_JOB, top_n=3)
+
+    assert decision.rejected_by_rule == {"contract_duration": 1}
+    assert {c.offer.id for c in decision.candidates} == {3, 4}
+    (why,) = [r.detail for r in rank_rejections([short], FIELD_REPORT_JOB)]
+    assert why == f"contract ends in {needed_h:.1f} h; the job needs about {needed_h:.1f} h"
+
+
+def rank_rejections(offers, profile):
+    from hosts.selection import _rank_with_rejections
+
+    return _rank_with_rejections(offers, Requirements(), profile, None)[1]
+
+
 def test_an_offer_with_no_way_to_estimate_its_speed_is_rejected_as_unknown_speed():
     odd = make_offer(id=2, machine_id=2, gpu_name="RTX 9999", dlperf=None)
     decision = choose_offer([make_offer(), odd], Requirements(), FIELD_REPORT_JOB)

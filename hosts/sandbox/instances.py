@@ -431,6 +431,10 @@ class Engine:
                 "error": "resources_unavailable",
                 "msg": "Required resources are currently unavailable; state change queued.",
             }
+        if not inst["is_bid"] and contract_end(inst) <= now:
+            raise ApiError(
+                400, "invalid_args", "contract expired: an expired instance cannot start"
+            )
         if billing.credit(self.store, inst["account_id"], now) <= 0:
             raise ApiError(
                 400,
@@ -623,6 +627,18 @@ class Engine:
                 "INSERT INTO traffic (instance_id, ts, direction, bytes) VALUES (?, ?, ?, ?)",
                 (inst_id, now or self.clock(), direction, int(nbytes)),
             )
+
+    def enforce_expiry(self) -> None:
+        """An on-demand contract whose ``end_date`` passed is stopped, for good: Vast stops an
+        expired instance and will not restart it (its guide "Choosing an instance type",
+        "Maximum duration"; ``shared/vast-api.md`` §7)."""
+        now = self.clock()
+        for inst in self.store.rows(
+            "SELECT * FROM instances WHERE destroyed_at IS NULL AND is_bid = 0"
+            " AND status IN ('created', 'loading', 'running', 'rebooting')"
+        ):
+            if contract_end(inst) <= now:
+                self.stop(inst, msg="stopped: contract expired (end_date passed)")
 
     def enforce_credit(self) -> None:
         """An account at zero credit has its instances stopped (storage keeps billing)."""
@@ -891,6 +907,13 @@ def _positive(value: Any, message: str) -> float:
     return number
 
 
+def contract_end(inst: dict) -> float:
+    """When INST's contract ends (``end_date``): created plus the offer's ``duration``; never
+    for an offer that gives none (a hand-made market file)."""
+    duration = float(json.loads(inst["offer"]).get("duration") or 0.0)
+    return inst["created_at"] + duration if duration > 0 else float("inf")
+
+
 def keeps_container_up(runtype: str) -> bool:
     """Whether the runtype's entrypoint outlives onstart (ssh, jupyter), as on Vast; ``args``
     runs the image's own command, and the container ends with it."""
@@ -918,6 +941,7 @@ def run_ticker(engine: Engine, interval_s: float, stop: threading.Event) -> None
             if engine.clock() - last_slow >= 1.0:
                 last_slow = engine.clock()
                 engine.enforce_credit()
+                engine.enforce_expiry()
                 engine.store.set_meta("alive", repr(last_slow))
         except Exception:  # one bad tick must not stop the market
             traceback.print_exc()

@@ -52,7 +52,9 @@ def test_a_drill_notifies_each_channel_once_per_event_in_order(supervisor, teleg
     Channel.objects.create(
         team=team, kind="webhook", name="hook", webhook_url=receiver.url, webhook_secret=SECRET
     )
-    job = supervisor.submit_toy()
+    # Beats every 3 s: the provider's listing (polled every second here) says "offline" before
+    # the heartbeat's 5.25 s of silence could, so the cause asserted below is never a race.
+    job = supervisor.submit_toy(heartbeat_interval_s=3)
     wait_until(
         lambda: job.attempts.filter(state="running").exists(),
         timeout=90,

@@ -23,7 +23,9 @@ def running_attempt(job) -> Attempt | None:
 def test_a_host_destroyed_halfway_resumes_from_the_newest_checkpoint(
     supervisor, uninterrupted_digest
 ):
-    job = supervisor.submit_toy()
+    # Beats every 3 s: the provider's listing (polled every second here) says "offline" before
+    # the heartbeat's 5.25 s of silence could, so the cause asserted below is never a race.
+    job = supervisor.submit_toy(heartbeat_interval_s=3)
     wait_until(lambda: running_attempt(job), timeout=90, what="the toy job to run")
     wait_until(
         lambda: Checkpoint.objects.filter(job=job, state="ready", step__gte=150).exists(),

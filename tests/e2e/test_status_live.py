@@ -17,7 +17,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 def test_a_real_recovery_shows_on_the_public_status_page(supervisor, live_server):
     Team.objects.filter(pk=supervisor.team.pk).update(public_status_page=True)
-    job = supervisor.submit_toy(name="zz-private-status-e2e")
+    # Beats every 3 s: the provider's listing (polled every second here) says "offline" before
+    # the heartbeat's 5.25 s of silence could, so the cause asserted below is never a race.
+    job = supervisor.submit_toy(name="zz-private-status-e2e", heartbeat_interval_s=3)
     first = wait_running(job, timeout=90)
     wait_checkpoint(job, attempt=first)
 
