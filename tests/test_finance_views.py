@@ -20,16 +20,14 @@ from tests.test_reconcile import bill
 HX = {"HTTP_HX_REQUEST": "true"}
 
 
-@pytest.fixture
-def ledger(cast):
-    """Team A: one job billed for 15 GB of traffic its agent never saw, flagged."""
-    now = timezone.now()
-    start = now - timedelta(hours=2)
-    job = JobFactory(team=cast.team_a, name="qwen-qlora")
+def field_report_run(team, name: str, instance_id: int, *items: tuple[str, str, str]):
+    """An ended 0.44 h run on a $0.40/h host two hours ago, billed with ITEMS that day."""
+    start = timezone.now() - timedelta(hours=2)
+    job = JobFactory(team=team, name=name)
     attempt, _ = make_attempt(
         job,
         state="ended",
-        instance_id=555,
+        instance_id=instance_id,
         rented_at=start,
         registered_at=start,
         running_at=start,
@@ -37,11 +35,21 @@ def ledger(cast):
         dph_base=0.40,
         download_usd_per_gb=0.0439453125,
     )
-    bill(
-        attempt,
+    bill(attempt, *items, day=start.date())
+    return job
+
+
+@pytest.fixture
+def ledger(cast):
+    """Team A: one job billed for 15 GB of traffic its agent never saw, flagged."""
+    now = timezone.now()
+    start = now - timedelta(hours=2)
+    job = field_report_run(
+        cast.team_a,
+        "qwen-qlora",
+        555,
         ("gpu", "0.440 hours at $0.400/hour", "0.176"),
         ("bwd", "15.000 GB downloaded at $0.043945/GB", "0.659"),
-        day=start.date(),
     )
     other = JobFactory(team=cast.team_a, name="tiny-matched")
     make_attempt(other, state="ended", instance_id=556, rented_at=start, ended_at=start)
@@ -113,24 +121,12 @@ def test_the_drill_down_shows_charges_items_and_the_cost_basis(client, cast, led
 
 
 def test_an_item_whose_text_did_not_parse_says_unparsed_and_keeps_its_amount(client, cast):
-    start = timezone.now() - timedelta(hours=2)
-    job = JobFactory(team=cast.team_a, name="odd-wording")
-    attempt, _ = make_attempt(
-        job,
-        state="ended",
-        instance_id=557,
-        rented_at=start,
-        registered_at=start,
-        running_at=start,
-        ended_at=start + timedelta(hours=0.44),
-        dph_base=0.40,
-        download_usd_per_gb=0.0439453125,
-    )
-    bill(
-        attempt,
+    job = field_report_run(
+        cast.team_a,
+        "odd-wording",
+        557,
         ("gpu", "0.440 hours at $0.400/hour", "0.176"),
         ("bwd", "Internet: download bandwidth", "0.659"),
-        day=start.date(),
     )
     InvoiceSync.objects.create(team=cast.team_a, synced_until=timezone.now())
     client.force_login(cast.finance)
