@@ -80,6 +80,41 @@ def handle_loss(loss, *, now: datetime) -> bool:
     return True
 
 
+def move_before_contract_end(attempt_id: int, *, now: datetime) -> bool:
+    """A planned move, not a loss: end the attempt before its host's contract runs out (no
+    ``Interruption``: nothing went wrong), keep the job off that host, and ask for another. The
+    job resumes from its newest checkpoint, as after a loss."""
+    with transaction.atomic():
+        attempt = close_attempt(
+            attempt_id, reason="contract_expiring", now=now, states=[AttemptState.RUNNING]
+        )
+        if attempt is None:
+            return False
+        last_ready = (
+            Checkpoint.objects.filter(job_id=attempt.job_id, state="ready")
+            .order_by("-step")
+            .values_list("step", flat=True)
+            .first()
+        )
+        job = Job.objects.select_for_update().get(pk=attempt.job_id)
+        if attempt.machine_id is not None and attempt.machine_id not in job.avoid_machine_ids:
+            Job.objects.filter(pk=job.pk).update(
+                avoid_machine_ids=[*job.avoid_machine_ids, attempt.machine_id]
+            )
+        ends_at = attempt.contract_ends_at
+        ends = f"{ends_at:%Y-%m-%d %H:%M} UTC" if ends_at else "soon"
+        services.transition(
+            attempt.job_id,
+            JobState.RECOVERING,
+            now=now,
+            kind="planned_move",
+            message=f"moved off its host before the contract ends ({ends}) at step "
+            f"{attempt.step}; resumes from checkpoint {last_ready}",
+            data={"step": attempt.step, "last_checkpoint": last_ready},
+        )
+    return True
+
+
 def remember_bad_machine(attempt: Attempt) -> None:
     """Avoid this machine for this job, and count it against the machine for every job."""
     if attempt.machine_id is None:

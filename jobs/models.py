@@ -161,6 +161,10 @@ class Attempt(models.Model):
     provider_status = models.CharField(max_length=20, blank=True)
     # The provider's own words with it (Vast's status_msg): why a start is stuck, say.
     provider_status_msg = models.CharField(max_length=500, blank=True)
+    # When the host's contract ends (Vast's end_date: the instance is stopped then, for good),
+    # and when the watchdog asked for the checkpoint that moves the job off it before that.
+    contract_ends_at = models.DateTimeField(null=True, blank=True)
+    move_asked_at = models.DateTimeField(null=True, blank=True)
     provider_unknown_polls = models.PositiveSmallIntegerField(default=0)
     resumed_from_step = models.PositiveIntegerField(null=True, blank=True)
 

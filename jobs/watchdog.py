@@ -23,9 +23,9 @@ from django.conf import settings
 from django.db.models import F
 
 from hosts.vast import Instance, VastClient, VastError
-from jobs import losses, renting
+from jobs import losses, renting, services
 from jobs.losses import Loss
-from jobs.models import LIVE_ATTEMPT_STATES, Attempt, AttemptState, Job
+from jobs.models import LIVE_ATTEMPT_STATES, Attempt, AttemptState, Checkpoint, Job
 from nomadgpu.models import ServiceHeartbeat
 
 logger = logging.getLogger(__name__)
@@ -60,12 +60,62 @@ def tick(*, now: datetime, poll_provider: bool | None = None) -> dict:
     lost = [losses.handle_loss(loss, now=now) for loss in find_due_losses(now)]
     if poll_provider:
         lost += [losses.handle_loss(loss, now=now) for loss in poll_providers(now)]
+    moved = move_off_expiring_contracts(now)
     planned = [renting.plan_rent(job_id, now=now) for job_id in jobs_needing_a_host(now)]
     return {
+        "moved": moved,
         "lost": sum(bool(x) for x in lost),
         "planned": sum(p is not None for p in planned),
         "nudged": nudge_planned(now),
     }
+
+
+def move_off_expiring_contracts(now: datetime) -> int:
+    """Move jobs off hosts whose contract ends within ``CONTRACT_MOVE_LEAD_S``: first ask the
+    agent for a checkpoint, then, once one newer than the request is ready (or half the lead is
+    gone), end the attempt as a planned move (``losses.move_before_contract_end``). Returns how
+    many jobs were moved. A job that cannot be moved in time is stopped by the provider and
+    recovers as a loss (``provider_stopped``)."""
+    lead = timedelta(seconds=settings.CONTRACT_MOVE_LEAD_S)
+    expiring = Attempt.objects.filter(
+        state=AttemptState.RUNNING, contract_ends_at__isnull=False, contract_ends_at__lte=now + lead
+    ).order_by()
+    moved = 0
+    for attempt in expiring:
+        if attempt.move_asked_at is None:
+            ask_checkpoint_before_contract_end(attempt, now=now)
+        elif move_is_due(attempt, now=now, lead=lead):
+            moved += losses.move_before_contract_end(attempt.pk, now=now)
+    return moved
+
+
+def move_is_due(attempt: Attempt, *, now: datetime, lead: timedelta) -> bool:
+    """A checkpoint asked for the move is ready, or waiting longer would risk the end itself."""
+    if attempt.contract_ends_at - now <= lead / 2:
+        return True
+    return Checkpoint.objects.filter(
+        attempt=attempt, state="ready", ready_at__gte=attempt.move_asked_at
+    ).exists()
+
+
+def ask_checkpoint_before_contract_end(attempt: Attempt, *, now: datetime) -> None:
+    """Ask ATTEMPT's agent for a checkpoint (once) and say why on the job's timeline."""
+    if not Attempt.objects.filter(pk=attempt.pk, move_asked_at__isnull=True).update(
+        move_asked_at=now
+    ):
+        return  # another tick asked first
+    # "stop" (a fenced agent) must not be replaced by a checkpoint request.
+    Attempt.objects.filter(pk=attempt.pk, pending_command="").update(
+        pending_command="checkpoint_now"
+    )
+    services.record_event(
+        attempt.job_id,
+        now=now,
+        kind="contract_expiring",
+        message=f"the host's contract ends at {attempt.contract_ends_at:%Y-%m-%d %H:%M} UTC: "
+        "checkpointing to move before it",
+        ends_at=attempt.contract_ends_at.isoformat(),
+    )
 
 
 def nudge_planned(now: datetime) -> int:
@@ -238,7 +288,18 @@ def note_provider_status(attempt: Attempt, instance: Instance | None) -> None:
         provider_status=status or "",
         provider_unknown_polls=unknown,
         provider_status_msg=((instance.status_msg or "") if instance else "")[:500],
+        contract_ends_at=contract_end(instance),
     )
+
+
+def contract_end(instance: Instance | None) -> datetime | None:
+    """When INSTANCE's contract ends (Vast's ``end_date``), or None when the provider gives no
+    usable one: an end at or before the instance's start (0, say) must not move every job."""
+    if instance is None or instance.end_date is None:
+        return None
+    if instance.start_date is not None and instance.end_date <= instance.start_date:
+        return None
+    return instance.end_date if instance.end_date.year >= 2020 else None
 
 
 def adopt_or_close(attempt: Attempt, instance: Instance | None, now: datetime) -> None:

@@ -215,6 +215,9 @@ ORPHAN_GRACE_S = envfloat("ORPHAN_GRACE_S", 120.0)  # an unowned labelled instan
 RENT_NUDGE_AFTER_S = envfloat("RENT_NUDGE_AFTER_S", 30.0)  # a planned attempt's lost message
 RENT_BACKOFF_START_S = envint("RENT_BACKOFF_START_S", 15)
 RENT_BACKOFF_CAP_S = envint("RENT_BACKOFF_CAP_S", 300)
+# A job is moved off a host this long before the host's contract ends (Vast stops an expired
+# instance for good): time to checkpoint, rent a replacement and start it.
+CONTRACT_MOVE_LEAD_S = envfloat("CONTRACT_MOVE_LEAD_S", 1800.0)
 # One paged instance-list call per provider account at most this often (DESIGN: ~10 s).
 PROVIDER_POLL_INTERVAL_S = envfloat("PROVIDER_POLL_INTERVAL_S", 10.0)
 # How often the notification outbox is swept for due (retried) deliveries.

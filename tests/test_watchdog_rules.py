@@ -105,6 +105,21 @@ def test_running_and_loading_are_healthy():
     assert provider_loss(attempt(state="starting"), instance("loading")) is None
 
 
+def test_a_contract_end_is_taken_only_when_it_is_a_real_moment_after_the_start():
+    from datetime import UTC, datetime
+
+    from jobs.watchdog import contract_end
+
+    start = datetime(2026, 12, 1, tzinfo=UTC)
+    ends = start + timedelta(days=30)
+
+    assert contract_end(instance("running", start_date=start, end_date=ends)) == ends
+    assert contract_end(instance("running", start_date=start, end_date=start)) is None
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    assert contract_end(instance("running", start_date=None, end_date=epoch)) is None
+    assert contract_end(None) is None
+
+
 def test_a_start_timeout_says_what_the_provider_said_first_when_the_container_never_started():
     stuck = attempt(
         registered_at=None,

@@ -70,6 +70,7 @@ INSTANCE_ACTIONS = (
     "overcharge",
     "age",
     "oci-fail",
+    "expire-in",
 )
 # What Docker says when the NVIDIA runtime cannot start a container (dstack's Vast backend,
 # compute.py, treats a `created` instance with "OCI runtime create failed" as failed).
@@ -584,6 +585,15 @@ class Engine:
 
     def _inject_reboot(self, inst: dict, arg: Any) -> None:
         self.reboot(inst)
+
+    def _inject_expire_in(self, inst: dict, arg: Any) -> None:
+        """Sandbox-only: the host's contract ends SECONDS from now (its ``end_date``), as if it
+        had been listed with that little ``duration`` left; nothing else changes."""
+        seconds = _positive(arg, "expire-in takes a number of seconds > 0")
+        offer = json.loads(inst["offer"])
+        offer["duration"] = self.clock() + seconds - inst["created_at"]
+        event = f"contract ends in {seconds:g} s"
+        self._update(inst["id"], self.clock(), event=event, offer=json.dumps(offer))
 
     def _inject_oci_fail(self, inst: dict, arg: Any) -> None:
         """The container cannot be created: Vast leaves the instance in ``created`` with the
