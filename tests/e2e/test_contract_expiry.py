@@ -11,13 +11,13 @@ from tests.processes import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-ENDS_IN_S = 30  # the contract's end, seconds after the test moves it near
+ENDS_IN_S = 20  # the contract's end, seconds after the test moves it near
 
 
 def test_a_job_moves_off_a_host_before_its_contract_ends(supervisor, settings):
-    settings.CONTRACT_MOVE_LEAD_S = 20
-    env = toy_env(steps=600, every=1000, step_seconds=0.05)  # checkpoints only when asked
-    job = supervisor.submit_toy(env=env, total_steps=600)
+    settings.CONTRACT_MOVE_LEAD_S = 12
+    env = toy_env(steps=400, every=1000, step_seconds=0.05)  # checkpoints only when asked
+    job = supervisor.submit_toy(env=env, total_steps=400)
     first = wait_running(job, timeout=60)
     sandbox = supervisor.sandbox
     sandbox.inject(first.instance_id, "expire-in", ENDS_IN_S)
