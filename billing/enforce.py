@@ -271,10 +271,10 @@ def start_pause(job_id: int, status: LimitStatus, *, now: datetime) -> int:
             requested_at=now,
             asked_at=now if training else None,
             deadline=(pause_deadline(status, now=now) or now) if live else now,
-            checkpoint_step=newest_ready_step(job_id),
+            checkpoint_step=services.newest_ready_step(job_id),
         )
         if training:
-            _ask_agent(live.pk)
+            services.request_checkpoint(live.pk)
         if live is not None:
             services.record_event(
                 job_id,
@@ -287,23 +287,6 @@ def start_pause(job_id: int, status: LimitStatus, *, now: datetime) -> int:
     if live is None:
         release(pause, now=now)
     return 1
-
-
-def newest_ready_step(job_id: int) -> int | None:
-    """The step of JOB_ID's newest ready checkpoint (what a release keeps), None without one."""
-    return (
-        Checkpoint.objects.filter(job_id=job_id, state="ready")
-        .order_by("-step")
-        .values_list("step", flat=True)
-        .first()
-    )
-
-
-def _ask_agent(attempt_id: int) -> None:
-    # "stop" (a fenced agent) must not be replaced by a checkpoint request.
-    Attempt.objects.filter(pk=attempt_id, pending_command="").update(
-        pending_command="checkpoint_now"
-    )
 
 
 def checkpoint_state(pause: BudgetPause) -> str:
@@ -351,9 +334,9 @@ def ask_for_checkpoint(pause: BudgetPause, *, now: datetime) -> bool:
     if pause.attempt is None or pause.attempt.state != AttemptState.RUNNING:
         return False
     claim = BudgetPause.objects.filter(pk=pause.pk, released_at=None, asked_at=pause.asked_at)
-    if not claim.update(asked_at=now, checkpoint_step=newest_ready_step(pause.job_id)):
+    if not claim.update(asked_at=now, checkpoint_step=services.newest_ready_step(pause.job_id)):
         return False  # another enforcer asked first
-    _ask_agent(pause.attempt_id)
+    services.request_checkpoint(pause.attempt_id)
     logger.info(
         "job %s: checkpoint asked, %s before the deadline", pause.job_id, pause.deadline - now
     )
@@ -370,7 +353,7 @@ def release(pause: BudgetPause, *, now: datetime) -> int:
         job = Job.objects.select_for_update().get(pk=pause.job_id)
         if job.state not in ACTIVE_JOB_STATES:
             return 0  # finished, failed or cancelled meanwhile: nothing to release
-        step = newest_ready_step(job.pk)
+        step = services.newest_ready_step(job.pk)
         spent = job_spend(job, now=now).total
         label = f"{LimitKind(pause.limit).label} limit ${pause.limit_usd}"
         losses.release_job(

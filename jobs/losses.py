@@ -13,7 +13,7 @@ from django.db.models import F
 
 from hosts.models import Machine
 from jobs import services
-from jobs.models import Attempt, AttemptState, Checkpoint, Interruption, Job, JobState
+from jobs.models import Attempt, AttemptState, Interruption, Job, JobState
 
 ACTIVE = [AttemptState.STARTING, AttemptState.RUNNING]
 
@@ -51,12 +51,7 @@ def handle_loss(loss, *, now: datetime) -> bool:
         attempt = close_attempt(loss.attempt_id, reason=loss.cause, now=now, states=ACTIVE)
         if attempt is None:
             return False
-        last_ready = (
-            Checkpoint.objects.filter(job_id=attempt.job_id, state="ready")
-            .order_by("-step")
-            .values_list("step", flat=True)
-            .first()
-        )
+        last_ready = services.newest_ready_step(attempt.job_id)
         Interruption.objects.create(
             job_id=attempt.job_id,
             attempt=attempt,
@@ -90,17 +85,8 @@ def move_before_contract_end(attempt_id: int, *, now: datetime) -> bool:
         )
         if attempt is None:
             return False
-        last_ready = (
-            Checkpoint.objects.filter(job_id=attempt.job_id, state="ready")
-            .order_by("-step")
-            .values_list("step", flat=True)
-            .first()
-        )
-        job = Job.objects.select_for_update().get(pk=attempt.job_id)
-        if attempt.machine_id is not None and attempt.machine_id not in job.avoid_machine_ids:
-            Job.objects.filter(pk=job.pk).update(
-                avoid_machine_ids=[*job.avoid_machine_ids, attempt.machine_id]
-            )
+        last_ready = services.newest_ready_step(attempt.job_id)
+        avoid_machine(attempt)
         ends_at = attempt.contract_ends_at
         ends = f"{ends_at:%Y-%m-%d %H:%M} UTC" if ends_at else "soon"
         services.transition(
@@ -115,8 +101,8 @@ def move_before_contract_end(attempt_id: int, *, now: datetime) -> bool:
     return True
 
 
-def remember_bad_machine(attempt: Attempt) -> None:
-    """Avoid this machine for this job, and count it against the machine for every job."""
+def avoid_machine(attempt: Attempt) -> None:
+    """Keep ATTEMPT's job off ATTEMPT's machine from now on."""
     if attempt.machine_id is None:
         return
     job = Job.objects.select_for_update().get(pk=attempt.job_id)
@@ -124,6 +110,13 @@ def remember_bad_machine(attempt: Attempt) -> None:
         Job.objects.filter(pk=job.pk).update(
             avoid_machine_ids=[*job.avoid_machine_ids, attempt.machine_id]
         )
+
+
+def remember_bad_machine(attempt: Attempt) -> None:
+    """Avoid this machine for this job, and count it against the machine for every job."""
+    if attempt.machine_id is None:
+        return
+    avoid_machine(attempt)
     Machine.objects.filter(machine_id=attempt.machine_id).update(
         interruptions=F("interruptions") + 1
     )

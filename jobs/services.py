@@ -16,7 +16,7 @@ from datetime import datetime
 
 from django.db import transaction
 
-from jobs.models import Job, JobEvent, JobState
+from jobs.models import Attempt, Checkpoint, Job, JobEvent, JobState
 
 # One console line per job event: what an operator watching `make run` wants to see.
 event_log = logging.getLogger("nomadgpu.events")
@@ -134,3 +134,21 @@ def submit_job(*, team, created_by, now: datetime, **fields) -> Job:
         record_event(job.pk, now=now, kind="submitted", message=f"submitted by {created_by}")
         after_commit(renting.plan_rent, job.pk, now=now)
     return job
+
+
+def newest_ready_step(job_id: int) -> int | None:
+    """The step of JOB_ID's newest ready checkpoint (what a resume starts from), or None."""
+    return (
+        Checkpoint.objects.filter(job_id=job_id, state="ready")
+        .order_by("-step")
+        .values_list("step", flat=True)
+        .first()
+    )
+
+
+def request_checkpoint(attempt_id: int) -> None:
+    """Have ATTEMPT_ID's next heartbeat answer ``checkpoint_now``; a pending ``stop`` (a fenced
+    agent) is never replaced by it."""
+    Attempt.objects.filter(pk=attempt_id, pending_command="").update(
+        pending_command="checkpoint_now"
+    )

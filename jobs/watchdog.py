@@ -58,9 +58,11 @@ def tick(*, now: datetime, poll_provider: bool | None = None) -> dict:
     if poll_provider is None:
         poll_provider = provider_poll_due(now)
     lost = [losses.handle_loss(loss, now=now) for loss in find_due_losses(now)]
+    moved = 0
     if poll_provider:
         lost += [losses.handle_loss(loss, now=now) for loss in poll_providers(now)]
-    moved = move_off_expiring_contracts(now)
+        # Contract ends only change with a poll: checked at its cadence, not every tick.
+        moved = move_off_expiring_contracts(now)
     planned = [renting.plan_rent(job_id, now=now) for job_id in jobs_needing_a_host(now)]
     return {
         "moved": moved,
@@ -104,10 +106,7 @@ def ask_checkpoint_before_contract_end(attempt: Attempt, *, now: datetime) -> No
         move_asked_at=now
     ):
         return  # another tick asked first
-    # "stop" (a fenced agent) must not be replaced by a checkpoint request.
-    Attempt.objects.filter(pk=attempt.pk, pending_command="").update(
-        pending_command="checkpoint_now"
-    )
+    services.request_checkpoint(attempt.pk)
     services.record_event(
         attempt.job_id,
         now=now,
