@@ -1,7 +1,14 @@
 from django.urls import path
 
-from billing import views
+from billing import finance_views as views
 
+# Mounted at /finance/ (nomadgpu/urls.py). Apart from billing/urls.py (budgets) so the two
+# helpers' branches merge without a conflict on one file.
 urlpatterns = [
-    path("jobs/<int:job_id>/resume/", views.job_resume, name="job-resume"),
+    path("<slug:slug>/", views.summary, name="finance-summary"),
+    path("<slug:slug>/jobs/<int:job_id>/", views.job_detail, name="finance-job"),
+    path("<slug:slug>/export.csv", views.export, name="finance-export"),
+    path("<slug:slug>/charges.csv", views.charges_csv, name="finance-charges-csv"),
+    path("<slug:slug>/upload/", views.upload, name="finance-upload"),
+    path("<slug:slug>/flags/<int:flag_id>/review/", views.review_flag, name="finance-review"),
 ]

@@ -1,0 +1,89 @@
+"""The Vast.ai REST client: the only code in NomadGPU that talks to Vast (or the sandbox).
+
+A small httpx client; the official ``vastai`` package is not a dependency. Every quirk handled
+here cites the shared reference ``shared/vast-api.md`` as "ref §N". By concern, bottom up:
+
+- ``errors``: ``VastError`` and its subclasses, and ``error_for`` (an error answer → its class).
+- ``parsing``: the typed results (``Offer``, ``Instance``, ``Charge``, ...) in one unit
+  convention (its docstring has the table), their parsers, and the pure request-body builders.
+- ``transport``: ``RetryPolicy`` and ``RetryTransport``: backoff, wait hints, create's penalty.
+- ``client``: ``VastClient`` and its ``from_settings`` factory.
+
+The names below are re-exported so that callers import from ``hosts.vast`` alone.
+"""
+
+from hosts.vast.client import VastClient
+from hosts.vast.errors import (
+    AuthFailed,
+    BidMismatch,
+    CreateOutcomeUnknown,
+    InstanceGone,
+    InsufficientCredit,
+    OfferGone,
+    ProviderError,
+    ProviderUnreachable,
+    RateLimited,
+    VastError,
+    error_for,
+)
+from hosts.vast.parsing import (
+    MIB_PER_GIB,
+    Charge,
+    ChargeItem,
+    CreatedInstance,
+    Instance,
+    InstancePresence,
+    InvoiceRow,
+    Offer,
+    StateChange,
+    VastUser,
+    build_create_body,
+    build_search_body,
+    encode_params,
+    instance_from_show,
+    instance_presence,
+    parse_charge,
+    parse_charge_item,
+    parse_instance,
+    parse_invoice_row,
+    parse_offer,
+    quantity_and_rate,
+)
+from hosts.vast.transport import RetryPolicy
+
+__all__ = [
+    "MIB_PER_GIB",
+    "AuthFailed",
+    "BidMismatch",
+    "Charge",
+    "ChargeItem",
+    "CreateOutcomeUnknown",
+    "CreatedInstance",
+    "Instance",
+    "InstanceGone",
+    "InstancePresence",
+    "InsufficientCredit",
+    "InvoiceRow",
+    "Offer",
+    "OfferGone",
+    "ProviderError",
+    "ProviderUnreachable",
+    "RateLimited",
+    "RetryPolicy",
+    "StateChange",
+    "VastClient",
+    "VastError",
+    "VastUser",
+    "build_create_body",
+    "build_search_body",
+    "encode_params",
+    "error_for",
+    "instance_from_show",
+    "instance_presence",
+    "parse_charge",
+    "parse_charge_item",
+    "parse_instance",
+    "parse_invoice_row",
+    "parse_offer",
+    "quantity_and_rate",
+]
