@@ -1,19 +1,4 @@
-"""``nomadgpu``: the member API from a terminal (argparse + httpx, no Django).
-
-    nomadgpu submit job.toml|--template NAME [--team T] [--follow]
-    nomadgpu status [JOB]
-    nomadgpu logs JOB [-f]
-    nomadgpu cancel JOB
-    nomadgpu drill JOB [--times N]
-
-Configuration: ``--url``/``NOMADGPU_URL`` (the portal, default http://127.0.0.1:8000) and
-``--token``/``NOMADGPU_TOKEN`` (a personal API token from /account/tokens/).
-
-Exit codes: 0 done (with ``--follow``: the job succeeded); 1 the followed job failed, was
-cancelled or paused for budget (or a drill did not recover); 2 bad usage, an unreadable job file,
-or the server refused the request (validation, not found, conflict, forbidden); 3 the token was
-not accepted; 4 the server could not be reached or failed.
-"""
+"""The commands, their rendering and the HTTP client: see the package docstring."""
 
 from __future__ import annotations
 
@@ -102,17 +87,27 @@ def field_name(loc: list) -> str:
 # ---- rendering --------------------------------------------------------------------------------
 
 
-def duration(seconds: float | None) -> str:
+def duration(seconds: float | None, none: str = "-") -> str:
+    """The server's rule (``nomadgpu.humanize.duration``; the CLI installs without it, and
+    ``tests/test_humanize.py`` holds the two to the same texts): "45 s", "1 min 30 s",
+    "12 min", "2 h 05 min"."""
     if seconds is None:
-        return "-"
-    seconds = round(seconds)
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+        return none
+    whole = int(seconds + 0.5)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 600:
+        minutes, rest = divmod(whole, 60)
+        return f"{minutes} min {rest} s" if rest else f"{minutes} min"
+    minutes = (whole + 30) // 60
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min" if minutes else f"{hours} h"
 
 
 def progress_bar(job: dict, width: int = 30) -> str:
-    """``[#########.........] 150/300  50%  ETA 10m00s  running`` (text only: works in logs)."""
+    """``[#########.........] 150/300  50%  ETA 10 min  running`` (text only: works in logs)."""
     step, total = job.get("step"), job.get("total_steps")
     fraction = job.get("progress")
     filled = round((fraction or 0) * width)
@@ -229,14 +224,14 @@ def cmd_status(api: Api, args: argparse.Namespace) -> int:
     if args.job is None:
         jobs = api.get("/jobs/", team=args.team, state=args.state)
         print(
-            f"{'ID':>5}  {'TEAM':<12} {'NAME':<24} {'STATE':<13} {'STEP':>11} {'ETA':>7} "
+            f"{'ID':>5}  {'TEAM':<12} {'NAME':<24} {'STATE':<13} {'STEP':>11} {'ETA':>10} "
             f"{'SPEND $':>9}  {'GPU':<14} INT"
         )
         for j in jobs:
             step = f"{j['step'] if j['step'] is not None else '-'}/{j['total_steps'] or '?'}"
             print(
                 f"{j['id']:>5}  {j['team'][:12]:<12} {j['name'][:24]:<24} {j['state']:<13} "
-                f"{step:>11} {duration(j['eta_s']):>7} {j['spend_usd']:>9.4f}  "
+                f"{step:>11} {duration(j['eta_s']):>10} {j['spend_usd']:>9.4f}  "
                 f"{j['gpu_name'][:14]:<14} {j['interruptions']}"
             )
         return EXIT_OK
@@ -437,7 +432,3 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         api.http.close()
-
-
-if __name__ == "__main__":
-    sys.exit(main())
