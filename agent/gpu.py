@@ -20,7 +20,7 @@ def nvidia_smi_command() -> str:
 
 
 def query_gpus(timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
-    """One nvidia-smi reading as the heartbeat's ``gpu`` object: {ok, error, devices}."""
+    """One nvidia-smi reading as the heartbeat's ``gpu`` object: {ok, error}."""
     binary = shutil.which(nvidia_smi_command())
     if binary is None:
         return unhealthy("nvidia-smi not found")
@@ -34,35 +34,31 @@ def query_gpus(timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
     if code != 0:
         text = (err.strip() or out.strip() or "no output")[-500:]
         return unhealthy(f"nvidia-smi exited with {code}: {text}")
+    lines = [line for line in out.splitlines() if line.strip()]
     try:
-        devices = [parse_line(line) for line in out.splitlines() if line.strip()]
+        for line in lines:
+            check_line(line)
     except ValueError as exc:
         return unhealthy(f"nvidia-smi output not understood: {exc}")
-    if not devices:
+    if not lines:
         return unhealthy("nvidia-smi lists no GPUs")
-    return {"ok": True, "error": None, "devices": devices}
+    return {"ok": True, "error": None}
 
 
 def unhealthy(error: str) -> dict[str, Any]:
-    return {"ok": False, "error": error, "devices": []}
+    return {"ok": False, "error": error}
 
 
-def parse_line(line: str) -> dict[str, Any]:
-    """'NVIDIA GeForce RTX 4090, 97, 20123, 24564, 61' -> a device dict ([N/A] -> None)."""
-    name, util, used, total, temp = (field.strip() for field in line.rsplit(",", 4))
-    return {
-        "name": name,
-        "util_pct": _number(util),
-        "mem_used_mb": _number(used),
-        "mem_total_mb": _number(total),
-        "temp_c": _number(temp),
-    }
-
-
-def _number(text: str) -> int | None:
-    if text.startswith("[") or text in {"", "N/A"}:  # "[N/A]", "[Not Supported]"
-        return None
-    return round(float(text))
+def check_line(line: str) -> None:
+    """Raise ValueError unless LINE reads as one GPU, e.g. 'NVIDIA GeForce RTX 4090, 97, 20123,
+    24564, 61' (a number may be "[N/A]" or "[Not Supported]"): a driver in trouble prints
+    something else."""
+    fields = [field.strip() for field in line.rsplit(",", 4)]
+    if len(fields) != 5:
+        raise ValueError(f"{line.strip()[:100]!r} is not 5 fields")
+    for text in fields[1:]:
+        if not (text.startswith("[") or text in {"", "N/A"}):
+            float(text)
 
 
 def _run_with_timeout(args: list[str], timeout_s: float) -> tuple[int, str, str]:

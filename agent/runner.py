@@ -162,15 +162,10 @@ class Agent:
         return self._supervise(a)
 
     def _register(self, api: SupervisorClient) -> Assignment | None:
-        reading = query_gpus(self.o.gpu_timeout_s)
-        self.gpu.latest = reading
+        self.gpu.latest = query_gpus(self.o.gpu_timeout_s)  # the first heartbeat's reading
         body = {
             "agent_version": agent.__version__,
             "hostname": socket.gethostname(),
-            "gpus": [
-                {"name": d["name"], "memory_total_mb": d["mem_total_mb"]}
-                for d in reading["devices"]
-            ],
             "python": platform.python_version(),
         }
         while True:

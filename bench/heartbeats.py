@@ -121,10 +121,10 @@ def seed(agents: int) -> list[tuple[int, str]]:
     """AGENTS running attempts of as many running jobs; returns (attempt id, token) pairs."""
     from django.utils import timezone
 
-    from jobs.agent_services import new_data_key
     from jobs.models import Attempt, Job
-    from jobs.tokens import issue_token
+    from nomadgpu.crypto import new_data_key
     from nomadgpu.models import Team
+    from nomadgpu.tokens import issue_token
 
     now = timezone.now()
     # A production team: its own provider key, bucket keys and bot token (sealed at rest).
@@ -280,12 +280,7 @@ def heartbeat_request(token: str, seq: int, step: int) -> bytes:
             "total_steps": 10**6,
             "loss": 1.0 / (1 + seq),
             "seconds_per_step": 4.0,
-            "gpu": {
-                "ok": True,
-                "devices": [
-                    {"util_pct": 97, "mem_used_mb": 21000, "mem_total_mb": 24564, "temp_c": 71}
-                ],
-            },
+            "gpu": {"ok": True, "error": ""},
             "bytes_down": 15 * 10**9,
             "bytes_up": seq * 1000,
             "log_tail": LOG_TAIL,

@@ -1,6 +1,6 @@
 """The agent API (``/api/agent/...``): what an agent in a rented container may say and ask.
 
-Bearer token per attempt (``jobs.tokens``). Unknown token → 401; token of an ended attempt →
+Bearer token per attempt (``nomadgpu.tokens``). Unknown token → 401; token of an ended attempt →
 410 telling the agent to stop (fencing). Bodies are validated with limits; every error is a JSON
 body with ``detail``. The wire contract is ``agent/PROTOCOL.md``.
 """
@@ -37,48 +37,33 @@ def token_answers():
 
 
 class AgentToken(HttpBearer):
+    """``request.auth`` is the live attempt holding the token, on every endpoint. The heartbeat
+    (FOR_HEARTBEAT) loads only the fields it reads: it comes every interval from every host."""
+
+    def __init__(self, *, for_heartbeat: bool = False) -> None:
+        super().__init__()
+        self.for_heartbeat = for_heartbeat
+
     def authenticate(self, request: HttpRequest, token: str) -> Attempt:
         with token_answers():
-            return agent_services.authenticate_agent(token)
-
-
-class HeartbeatToken(HttpBearer):
-    """The bearer token as given: the heartbeat checks it in the same statement that stores the
-    beat (``agent_services.heartbeat``), one round trip on the hot path."""
-
-    def authenticate(self, request: HttpRequest, token: str) -> str:
-        return token
+            return agent_services.authenticate_agent(token, for_heartbeat=self.for_heartbeat)
 
 
 router = Router(auth=AgentToken(), tags=["agent"])
-
-
-class GpuIn(Schema):
-    name: str = Field("", max_length=100)
-    memory_total_mb: float | None = Field(None, ge=0, le=10_000_000)
 
 
 class RegisterIn(Schema):
     agent_version: str = Field(..., max_length=40)
     hostname: str = Field("", max_length=255)
     python: str = Field("", max_length=40)
-    gpus: list[GpuIn] = Field(default_factory=list, max_length=64)
 
 
 # The heartbeat's bodies are plain pydantic models, not ninja Schemas: a Schema's root validator
 # (it reads Django objects for output) ran once per nested object and cost more CPU than the
 # validation itself, on the API's busiest endpoint.
-class GpuDeviceIn(BaseModel):
-    util_pct: float | None = Field(None, ge=0, le=100)
-    mem_used_mb: float | None = Field(None, ge=0)
-    mem_total_mb: float | None = Field(None, ge=0)
-    temp_c: float | None = Field(None, ge=-50, le=200)
-
-
 class GpuHealthIn(BaseModel):
     ok: bool
     error: str | None = Field(None, max_length=2000)
-    devices: list[GpuDeviceIn] = Field(default_factory=list, max_length=64)
 
 
 class HeartbeatIn(BaseModel):
@@ -132,25 +117,13 @@ def register(request: HttpRequest, payload: RegisterIn) -> dict:
     return agent_services.register_agent(request.auth, now=timezone.now())
 
 
-@router.post("/heartbeat", response=HeartbeatOut, auth=HeartbeatToken())
+@router.post("/heartbeat", response=HeartbeatOut, auth=AgentToken(for_heartbeat=True))
 def heartbeat(request: HttpRequest, payload: HeartbeatIn) -> dict:
+    gpu = payload.gpu
     beat = agent_services.Heartbeat(
-        seq=payload.seq,
-        phase=payload.phase,
-        step=payload.step,
-        total_steps=payload.total_steps,
-        loss=payload.loss,
-        seconds_per_step=payload.seconds_per_step,
-        gpu_ok=payload.gpu.ok,
-        gpu_error=payload.gpu.error or "",
-        bytes_down=payload.bytes_down,
-        bytes_up=payload.bytes_up,
-        log_tail=payload.log_tail,
-        net_rx_bytes=payload.net_rx_bytes,
-        net_tx_bytes=payload.net_tx_bytes,
+        **payload.model_dump(exclude={"gpu"}), gpu_ok=gpu.ok, gpu_error=gpu.error or ""
     )
-    with token_answers():
-        return agent_services.heartbeat(request.auth, beat, now=timezone.now())
+    return agent_services.record_heartbeat(request.auth, beat, now=timezone.now())
 
 
 @router.post("/checkpoints")

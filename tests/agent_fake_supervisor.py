@@ -235,7 +235,7 @@ class FakeSupervisor:
         raise ApiError(404, f"no endpoint {name}")
 
     def _register(self, attempt: Attempt, body: dict[str, Any]) -> dict[str, Any]:
-        _check(body, agent_version=str, hostname=str, gpus=list, python=str)
+        _check(body, agent_version=str, hostname=str, python=str)
         attempt.registered = body
         job = self.job
         return {
@@ -281,7 +281,7 @@ class FakeSupervisor:
         if len(body["log_tail"].encode()) > TAIL_LIMIT:
             raise ApiError(422, "log_tail is over 8 KiB")
         if not isinstance(body["gpu"].get("ok"), bool):
-            raise ApiError(422, "gpu must be {ok, error, devices}")
+            raise ApiError(422, "gpu must be {ok, error}")
         for name in ("step", "total_steps"):
             if body.get(name) is not None and not isinstance(body[name], int):
                 raise ApiError(422, f"{name} must be an integer or null")

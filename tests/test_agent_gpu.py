@@ -23,20 +23,12 @@ def nvidia_smi(tmp_path, monkeypatch):
     return install
 
 
-def test_it_reads_every_gpu(nvidia_smi):
+def test_every_gpu_readable_is_healthy(nvidia_smi):
     nvidia_smi(
         "echo 'NVIDIA GeForce RTX 4090, 97, 20123, 24564, 61'\n"
         "echo 'NVIDIA GeForce RTX 4090, [N/A], 3, 24564, [Not Supported]'"
     )
-    reading = query_gpus()
-    assert reading["ok"] is True
-    assert reading["error"] is None
-    assert reading["devices"] == [
-        {"name": "NVIDIA GeForce RTX 4090", "util_pct": 97, "mem_used_mb": 20123,
-         "mem_total_mb": 24564, "temp_c": 61},
-        {"name": "NVIDIA GeForce RTX 4090", "util_pct": None, "mem_used_mb": 3,
-         "mem_total_mb": 24564, "temp_c": None},
-    ]  # fmt: skip
+    assert query_gpus() == {"ok": True, "error": None}
 
 
 def test_a_failing_nvidia_smi_is_unhealthy_with_its_message(nvidia_smi):
@@ -57,7 +49,7 @@ def test_a_hanging_nvidia_smi_is_unhealthy_and_does_not_hang_us(nvidia_smi):
 
 
 def test_a_missing_nvidia_smi_is_reported_as_not_found(nvidia_smi):
-    assert query_gpus() == {"ok": False, "error": "nvidia-smi not found", "devices": []}
+    assert query_gpus() == {"ok": False, "error": "nvidia-smi not found"}
 
 
 @pytest.mark.parametrize("output", ["", "garbage without commas", "GPU, x, y, z, w"])

@@ -110,7 +110,9 @@ def test_it_runs_the_command_heartbeats_and_uploads_checkpoints(
     assert attempt.exit["reason"] == "finished"
     assert attempt.exit["exit_code"] == 0
     assert "done" in attempt.exit["log_tail"]
-    assert attempt.registered["gpus"] == []
+    gpu = attempt.heartbeats[0]["gpu"]  # the failing nvidia-smi, reported from the first beat
+    assert gpu["ok"] is False
+    assert "no driver" in gpu["error"]
     seqs = [h["seq"] for h in attempt.heartbeats]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
     steps = steps_seen(attempt)
