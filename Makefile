@@ -73,8 +73,9 @@ test: $(DEV_STAMP)
 test-hf: $(HF_STAMP)
 	$(TEST_ENV) NOMADGPU_TEST_HF=1 $(VENV)/bin/pytest tests/hf $(PYTEST_ARGS)
 
+# ruff, then the import contracts (.importlinter): a new cycle or a layer breach fails here.
 lint: $(DEV_STAMP)
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/lint-imports
 
 format: $(DEV_STAMP)
 	$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .

@@ -214,12 +214,12 @@ def submit_toy(heartbeat_s: int):
     from django.contrib.auth import get_user_model
     from django.utils import timezone
 
-    from jobs import services
+    from jobs import lifecycle
     from nomadgpu.models import Team
 
     team = Team.objects.create(name="bench", slug="bench")
     user = get_user_model().objects.create_user("bench")
-    return services.submit_job(
+    return lifecycle.submit_job(
         team=team,
         created_by=user,
         now=timezone.now(),
@@ -396,7 +396,7 @@ def main() -> int:
         installation.start()
         from django.utils import timezone
 
-        from jobs import losses
+        from jobs import lifecycle
 
         job = submit_toy(args.heartbeat_s)
         first = wait_for(
@@ -417,7 +417,7 @@ def main() -> int:
                 f"({freezes[-1].cause}) recovered",
                 file=sys.stderr,
             )
-        losses.cancel_job(job.pk, now=timezone.now(), by="the bench")
+        lifecycle.cancel_job(job.pk, now=timezone.now(), by="the bench")
         report(destroys, freezes, started, timing)
     finally:
         installation.stop()

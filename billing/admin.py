@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.utils import timezone
 
 from billing.models import (
     BudgetPause,
@@ -12,6 +13,10 @@ from billing.models import (
     Payment,
     TeamBudget,
 )
+from billing.services import projected_total
+from billing.spend import job_spend
+from jobs.admin import JobAdmin
+from jobs.models import Job
 from nomadgpu.admin_scoping import TeamScopedAdmin
 
 
@@ -104,3 +109,22 @@ class DiscrepancyFlagAdmin(ReadOnlyAdmin):
     list_display = ("created_at", "team", "kind", "recorded_usd", "billed_usd", "reason", "status")
     list_filter = ("kind", "status")
     search_fields = ("reason", "note")
+
+
+class JobWithSpendAdmin(JobAdmin):
+    """The job admin with billing's columns: jobs knows nothing of money (billing reads it)."""
+
+    list_display = [*JobAdmin.list_display[:4], "spend_so_far", *JobAdmin.list_display[4:]]
+    readonly_fields = ["spend_so_far", "projected_total"]
+
+    @admin.display(description="spend so far ($)")
+    def spend_so_far(self, job: Job) -> str:
+        return f"{job_spend(job, now=timezone.now()).total:.4f}"
+
+    @admin.display(description="projected total ($)")
+    def projected_total(self, job: Job) -> str:
+        return f"{projected_total(job, now=timezone.now()):.4f}"
+
+
+admin.site.unregister(Job)
+admin.site.register(Job, JobWithSpendAdmin)

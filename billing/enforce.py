@@ -1,5 +1,7 @@
-"""Budget enforcement, at the watchdog's cadence (beat task ``billing.tasks.enforce_budgets``)
-and once when a worker starts.
+"""Budget enforcement: the decisions of one budget pass, at the watchdog's cadence (beat task
+``jobs.tasks.enforce_budgets``) and once when a worker starts. Billing decides and keeps its
+own rows (warnings, pauses); ``jobs.lifecycle.enforce_budgets`` claims each step and acts on
+what it returns (events, checkpoint requests, the pause itself).
 
 Each pass, for every team with active jobs: every limit that applies (team periods, members,
 jobs) is measured from recorded spend (``billing.services``). At 80 % a warning is written once
@@ -22,7 +24,7 @@ runs out:
    the deadline. An early checkpoint (the first ask of a job with no measured upload) does
    not end the run, and the machine is never released early with less than half the
    attempt's money used. A pass that sees spend jump (a traffic burst) brings the deadline
-   forward. Release goes through ``jobs.losses.release_job``: the job is paused_budget with an
+   forward. Release is a ``BudgetAction`` with ``pause``: the job is paused_budget with an
    event naming the limit. A job without a host (renting, recovering) is paused at once; a
    queued one is left waiting: the rent reservation keeps it from starting until the budget
    allows (a new period, a raised limit).
@@ -35,11 +37,11 @@ is recomputed from the attempts each time, never accrued, so nothing counts twic
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
+from functools import partial
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
 
 from billing.models import BudgetPause, BudgetReservation, BudgetWarning, LimitKind
 from billing.services import (
@@ -50,8 +52,8 @@ from billing.services import (
     team_limit_statuses,
 )
 from billing.spend import job_spend
-from jobs import losses, services
-from jobs.models import Attempt, AttemptState, Checkpoint, Job, JobState
+from jobs.models import Attempt, AttemptState, Checkpoint, Job
+from jobs.spending import BudgetAction, BudgetStep
 from nomadgpu.models import Team
 
 logger = logging.getLogger(__name__)
@@ -76,20 +78,21 @@ def grace_s() -> float:
     return float(settings.BUDGET_CHECKPOINT_GRACE_S)
 
 
-def enforce_budgets(*, now: datetime) -> dict:
-    """One enforcement pass at NOW; says how many warnings, pauses begun and machines released."""
-    released = finish_pauses(now=now)
-    warned = started = 0
+def budget_pass(*, now: datetime) -> Iterator[BudgetStep]:
+    """The steps of one enforcement pass at NOW, in order: open pauses first (a release frees
+    budget for the rest), then per team every limit near or past its mark, then the pauses
+    again (one just begun for a job with no host is released in the same pass)."""
+    yield from pause_steps(now=now)
     widest = max(MAX_LEAD_S, grace_s())  # most limits are far away: no per-job look at all
     for team in Team.objects.filter(jobs__state__in=ACTIVE_JOB_STATES).distinct():
         for status in statuses_to_check(team, now=now):
             if status.ratio >= WARN_AT:
-                warned += warn_once(status, now=now)
+                yield BudgetStep("warned", partial(warn_once, status, now=now))
             if must_stop(status, lead_s=widest):
                 for job_id in list(status.affected_jobs(started_only=True)):
-                    started += stop_in_time(job_id, status, now=now)
-    released += finish_pauses(now=now)
-    return {"warned": warned, "pausing": started, "released": released}
+                    if stop_in_time(job_id, status, now=now):
+                        yield BudgetStep("pausing", partial(start_pause, job_id, status, now=now))
+    yield from pause_steps(now=now)
 
 
 def statuses_to_check(team: Team, *, now: datetime) -> list[LimitStatus]:
@@ -202,91 +205,83 @@ def pause_action(
     return WAIT
 
 
-def warn_once(status: LimitStatus, *, now: datetime) -> int:
-    """Record the 80 % warning of STATUS's limit and period once; events on the affected jobs."""
-    key = f"{status.key()}:{status.limit_usd}"
-    try:
-        with transaction.atomic():
-            _, created = BudgetWarning.objects.get_or_create(
-                key=key,
-                defaults={
-                    "team_id": status.team_id,
-                    "limit": status.kind,
-                    "job_id": status.job_id,
-                    "user_id": status.user_id,
-                    "period_start": status.period_start,
-                    "period_end": status.period_end,
-                    "limit_usd": status.limit_usd,
-                    "spent_usd": status.spent_usd,
-                    "created_at": now,
-                },
-            )
-            if not created:
-                return 0
-            for job_id in status.affected_jobs():
-                services.record_event(
-                    job_id,
-                    now=now,
-                    kind="budget_warning",
-                    message=f"{status.ratio:.0%} of the {status.label} used "
-                    f"(${status.spent_usd:.2f})",
-                    limit=status.kind,
-                    limit_usd=float(status.limit_usd),
-                    spent_usd=round(status.spent_usd, 4),
-                )
-    except IntegrityError:
-        return 0  # another enforcer wrote it first
-    return 1
+def warn_once(status: LimitStatus, *, now: datetime) -> list[BudgetAction]:
+    """Claim the 80 % warning of STATUS's limit and period (once: another pass writing the same
+    key first makes this one roll back); a ``budget_warning`` event on each affected job."""
+    _, created = BudgetWarning.objects.get_or_create(
+        key=f"{status.key()}:{status.limit_usd}",
+        defaults={
+            "team_id": status.team_id,
+            "limit": status.kind,
+            "job_id": status.job_id,
+            "user_id": status.user_id,
+            "period_start": status.period_start,
+            "period_end": status.period_end,
+            "limit_usd": status.limit_usd,
+            "spent_usd": status.spent_usd,
+            "created_at": now,
+        },
+    )
+    if not created:
+        return []
+    message = f"{status.ratio:.0%} of the {status.label} used (${status.spent_usd:.2f})"
+    data = {
+        "limit": status.kind,
+        "limit_usd": float(status.limit_usd),
+        "spent_usd": round(status.spent_usd, 4),
+    }
+    return [
+        BudgetAction(job_id, event="budget_warning", message=message, data=data)
+        for job_id in status.affected_jobs()
+    ]
 
 
-def stop_in_time(job_id: int, status: LimitStatus, *, now: datetime) -> int:
-    """Open JOB_ID's pause once STATUS's limit is within the job's checkpoint lead; bring an
-    open pause's deadline forward when spend jumped. 1 if a pause was begun."""
+def stop_in_time(job_id: int, status: LimitStatus, *, now: datetime) -> bool:
+    """Whether JOB_ID's pause must begin now: STATUS's limit is within the job's checkpoint
+    lead and no pause is open. An open pause's deadline is brought forward when spend jumped."""
     deadline = pause_deadline(status, now=now)
     open_pause = BudgetPause.objects.filter(job_id=job_id, released_at=None)
     if deadline is not None:
         open_pause.filter(deadline__gt=deadline).update(deadline=deadline)
-    if open_pause.exists() or not must_stop(status, lead_s=job_lead_s(job_id)):
-        return 0
-    return start_pause(job_id, status, now=now)
+    return not open_pause.exists() and must_stop(status, lead_s=job_lead_s(job_id))
 
 
-def start_pause(job_id: int, status: LimitStatus, *, now: datetime) -> int:
+def start_pause(job_id: int, status: LimitStatus, *, now: datetime) -> list[BudgetAction]:
     """Begin stopping JOB_ID for STATUS's limit: open a pause with a deadline and ask a training
     agent for a checkpoint (one still starting is asked once it trains); a job with no host
-    is released at once. 1 if begun."""
-    with transaction.atomic():
-        job = Job.objects.select_for_update().filter(pk=job_id, state__in=ACTIVE_JOB_STATES[1:])
-        if not job.exists() or BudgetPause.objects.filter(job_id=job_id, released_at=None).exists():
-            return 0
-        live = Attempt.objects.filter(job_id=job_id, state__in=LIVE_ON_HOST).first()
-        training = live is not None and live.state == AttemptState.RUNNING
-        pause = BudgetPause.objects.create(
-            job_id=job_id,
-            attempt=live,
-            limit=status.kind,
-            limit_usd=status.limit_usd,
-            spent_usd=status.spent_usd,
-            period_start=status.period_start,
-            requested_at=now,
-            asked_at=now if training else None,
-            deadline=(pause_deadline(status, now=now) or now) if live else now,
-            checkpoint_step=services.newest_ready_step(job_id),
-        )
-        if training:
-            services.request_checkpoint(live.pk)
-        if live is not None:
-            services.record_event(
-                job_id,
-                now=now,
-                kind="budget_checkpoint",
-                message=f"{status.describe()}: checkpoint asked before releasing the machine"
-                if training
-                else f"{status.describe()}: checkpoint to be asked once training starts",
-            )
+    is released at once."""
+    job = Job.objects.select_for_update().filter(pk=job_id, state__in=ACTIVE_JOB_STATES[1:])
+    if not job.exists() or BudgetPause.objects.filter(job_id=job_id, released_at=None).exists():
+        return []
+    live = Attempt.objects.filter(job_id=job_id, state__in=LIVE_ON_HOST).first()
+    training = live is not None and live.state == AttemptState.RUNNING
+    pause = BudgetPause.objects.create(
+        job_id=job_id,
+        attempt=live,
+        limit=status.kind,
+        limit_usd=status.limit_usd,
+        spent_usd=status.spent_usd,
+        period_start=status.period_start,
+        requested_at=now,
+        asked_at=now if training else None,
+        deadline=(pause_deadline(status, now=now) or now) if live else now,
+        checkpoint_step=Checkpoint.objects.filter(job_id=job_id).newest_ready_step(),
+    )
     if live is None:
-        release(pause, now=now)
-    return 1
+        return release(pause, now=now)
+    message = (
+        f"{status.describe()}: checkpoint asked before releasing the machine"
+        if training
+        else f"{status.describe()}: checkpoint to be asked once training starts"
+    )
+    return [
+        BudgetAction(
+            job_id,
+            event="budget_checkpoint",
+            message=message,
+            ask_attempt_id=live.pk if training else None,
+        )
+    ]
 
 
 def checkpoint_state(pause: BudgetPause) -> str:
@@ -294,25 +289,21 @@ def checkpoint_state(pause: BudgetPause) -> str:
     (a checkpoint newer than the request became ready)."""
     if pause.asked_at is None:
         return NOT_ASKED
-    newer = Checkpoint.objects.filter(
-        job_id=pause.job_id, state="ready", ready_at__gte=pause.asked_at
-    )
+    newer = Checkpoint.objects.filter(job_id=pause.job_id, ready_at__gte=pause.asked_at).ready()
     if pause.checkpoint_step is not None:
         newer = newer.filter(step__gt=pause.checkpoint_step)
     return ARRIVED if newer.exists() else ASKED
 
 
-def finish_pauses(*, now: datetime) -> int:
-    """Act on every open pause (``pause_action``): release its machine, or ask for a checkpoint
-    (once the job trains). Returns how many machines were released."""
-    released = 0
+def pause_steps(*, now: datetime) -> Iterator[BudgetStep]:
+    """A step for every open pause whose ``pause_action`` is to release its machine or ask for
+    a checkpoint (once the job trains)."""
     for pause in BudgetPause.objects.filter(released_at=None).select_related("attempt"):
         action = RELEASE if pause.deadline <= now else _action(pause, now=now)
         if action == RELEASE:
-            released += release(pause, now=now)
+            yield BudgetStep("released", partial(release, pause, now=now))
         elif action == ASK:
-            ask_for_checkpoint(pause, now=now)
-    return released
+            yield BudgetStep("asked", partial(ask_for_checkpoint, pause, now=now))
 
 
 def _action(pause: BudgetPause, *, now: datetime) -> str:
@@ -328,49 +319,43 @@ def _action(pause: BudgetPause, *, now: datetime) -> str:
     )
 
 
-def ask_for_checkpoint(pause: BudgetPause, *, now: datetime) -> bool:
+def ask_for_checkpoint(pause: BudgetPause, *, now: datetime) -> list[BudgetAction]:
     """Ask PAUSE's agent for a checkpoint now (nearer the deadline than any before), if it
     trains: an agent still starting has no script to signal yet."""
     if pause.attempt is None or pause.attempt.state != AttemptState.RUNNING:
-        return False
+        return []
+    newest = Checkpoint.objects.filter(job_id=pause.job_id).newest_ready_step()
     claim = BudgetPause.objects.filter(pk=pause.pk, released_at=None, asked_at=pause.asked_at)
-    if not claim.update(asked_at=now, checkpoint_step=services.newest_ready_step(pause.job_id)):
-        return False  # another enforcer asked first
-    services.request_checkpoint(pause.attempt_id)
+    if not claim.update(asked_at=now, checkpoint_step=newest):
+        return []  # another enforcer asked first
     logger.info(
         "job %s: checkpoint asked, %s before the deadline", pause.job_id, pause.deadline - now
     )
-    return True
+    return [BudgetAction(pause.job_id, ask_attempt_id=pause.attempt_id)]
 
 
-def release(pause: BudgetPause, *, now: datetime) -> int:
-    """Close PAUSE: the job goes paused_budget, naming the limit; its machine is destroyed after
-    commit. A job that ended meanwhile (finished, cancelled) is left as it is."""
-    with transaction.atomic():
-        if not BudgetPause.objects.filter(pk=pause.pk, released_at=None).update(released_at=now):
-            return 0
-        BudgetReservation.objects.filter(job_id=pause.job_id).delete()
-        job = Job.objects.select_for_update().get(pk=pause.job_id)
-        if job.state not in ACTIVE_JOB_STATES:
-            return 0  # finished, failed or cancelled meanwhile: nothing to release
-        step = services.newest_ready_step(job.pk)
-        spent = job_spend(job, now=now).total
-        label = f"{LimitKind(pause.limit).label} limit ${pause.limit_usd}"
-        losses.release_job(
-            job.pk,
-            to=JobState.PAUSED_BUDGET,
-            now=now,
-            kind="budget_paused",
-            reason="budget",
-            message=f"paused by the {label}: machine released, progress kept at checkpoint "
-            f"{step} (job spend ${spent:.4f})",
-            data={
-                "limit": pause.limit,
-                "limit_usd": float(pause.limit_usd),
-                "spent_usd": round(pause.spent_usd, 4),
-                "job_spend_usd": round(spent, 4),
-                "checkpoint_step": step,
-            },
-        )
+def release(pause: BudgetPause, *, now: datetime) -> list[BudgetAction]:
+    """Close PAUSE: the job is to go paused_budget, naming the limit, and its machine to be
+    released. A job that ended meanwhile (finished, cancelled) is left as it is."""
+    if not BudgetPause.objects.filter(pk=pause.pk, released_at=None).update(released_at=now):
+        return []
+    BudgetReservation.objects.filter(job_id=pause.job_id).delete()
+    job = Job.objects.select_for_update().get(pk=pause.job_id)
+    if job.state not in ACTIVE_JOB_STATES:
+        return []  # finished, failed or cancelled meanwhile: nothing to release
+    step = Checkpoint.objects.filter(job=job).newest_ready_step()
+    spent = job_spend(job, now=now).total
+    label = f"{LimitKind(pause.limit).label} limit ${pause.limit_usd}"
     logger.info("job %s paused by the %s", pause.job_id, label)
-    return 1
+    message = (
+        f"paused by the {label}: machine released, progress kept at checkpoint "
+        f"{step} (job spend ${spent:.4f})"
+    )
+    data = {
+        "limit": pause.limit,
+        "limit_usd": float(pause.limit_usd),
+        "spent_usd": round(pause.spent_usd, 4),
+        "job_spend_usd": round(spent, 4),
+        "checkpoint_step": step,
+    }
+    return [BudgetAction(job.pk, message=message, data=data, pause=True)]

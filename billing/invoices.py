@@ -25,7 +25,9 @@ from django.conf import settings
 from django.db import transaction
 
 from billing.models import Charge, ChargeItem, ChargeOrigin, InvoiceSync, Payment
+from billing.reconcile import match_charges, note_billed_traffic
 from hosts import vast
+from jobs.models import Attempt
 
 ITEM_TYPES = ("gpu", "disk", "bwd", "bwu")
 # A day is final (its cursor may pass it) once it ended this long ago: late usage records
@@ -183,8 +185,6 @@ def store_charges(team, records: Iterable[ChargeRecord], *, origin: str, now: da
 def earliest_day(team, *, now: datetime) -> date:
     """Where a team's first sync starts: its first rental, at most ``INVOICE_LOOKBACK_DAYS``
     back (older charges can still come in by CSV)."""
-    from jobs.models import Attempt
-
     floor = (now - timedelta(days=settings.INVOICE_LOOKBACK_DAYS)).astimezone(UTC).date()
     first = (
         Attempt.objects.filter(job__team=team, rented_at__isnull=False)
@@ -202,8 +202,6 @@ def sync_team(team, *, now: datetime, client: vast.VastClient | None = None) -> 
     Safe to run twice and to resume: every day is upserted on natural keys in one transaction
     with the cursor. Provider calls happen outside transactions. Raises on a provider error
     after keeping the days already finished (and records the error on the sync row)."""
-    from billing.reconcile import match_charges, note_billed_traffic
-
     sync, _ = InvoiceSync.objects.get_or_create(team=team)
     own_client = client is None
     client = client or vast.VastClient.from_settings(team)
@@ -246,8 +244,6 @@ def charge_filter(team):
     no team (the orphan reaper destroys them; the server admin sees them at Vast)."""
     if team.vast_api_key:
         return lambda charge: True
-    from jobs.models import Attempt
-
     mine = set(
         Attempt.objects.filter(job__team=team, instance_id__isnull=False).values_list(
             "instance_id", flat=True
@@ -290,8 +286,6 @@ def import_csv(team, data: bytes, *, now: datetime) -> ImportResult:
     """Import a charges CSV (``CSV_COLUMNS``) for TEAM: every row valid, or nothing imported.
 
     Raises ``CsvRejected`` listing each bad row by its line number in the file."""
-    from billing.reconcile import match_charges, note_billed_traffic
-
     parsed = parse_csv(data)
     # An export of the shared account holds other teams' rentals: never this team's charges.
     belongs = charge_filter(team)

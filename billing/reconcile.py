@@ -28,8 +28,9 @@ from django.db import transaction
 from django.db.models import Max, Prefetch, Sum
 from django.utils import timezone
 
-from billing.models import Charge, ChargeItem, DiscrepancyFlag, InvoiceSync
+from billing.models import Charge, ChargeItem, DiscrepancyFlag, FlagStatus, InvoiceSync
 from billing.spend import GB, attempt_spend, traffic_bytes
+from jobs.models import Attempt, JobEvent
 
 # A charge belongs to an attempt whose rental it overlaps; this much slack absorbs clock
 # skew between Vast's usage records and ours.
@@ -177,8 +178,6 @@ def match_charges(team, *, now: datetime) -> int:
     """Link TEAM's unmatched charges to attempts by instance id (``source`` "instance-<id>")
     and time; returns how many were linked. Charges that stay unmatched are orphans or
     rentals made outside NomadGPU."""
-    from jobs.models import Attempt
-
     pending = Charge.objects.filter(team=team, attempt__isnull=True, instance_id__isnull=False)
     attempts = {
         a.instance_id: a
@@ -200,8 +199,6 @@ def note_billed_traffic(team, *, now: datetime) -> int:
     """Copy the traffic billed to each of TEAM's matched attempts onto it, with the moment the
     import covers, so spend (and the budgets) count the invoice without reading charges.
     Returns how many attempts changed."""
-    from jobs.models import Attempt
-
     covered = covered_until(team) or now
     billed: dict[int, dict[str, float]] = {
         a: {"billed_download_usd": 0.0, "billed_upload_usd": 0.0}
@@ -596,8 +593,6 @@ def reconcile_period(
 ) -> PeriodReport:
     """Every job with an attempt rented in [START, END] (UTC days), and the unmatched charges
     of those days."""
-    from jobs.models import Attempt
-
     tolerance = tolerance or Tolerance.from_settings()
     covered = covered_until(team)
     lo, hi = period_bounds(start, end)
@@ -632,8 +627,6 @@ def flag_discrepancies(team, *, now: datetime, tolerance: Tolerance | None = Non
     ``invoice_discrepancy`` event when an attempt's flag is first created (never again).
     Returns how many flags were created. Unmatched charges have no job, so no job event:
     finance sees them in the period summary."""
-    from jobs.models import Attempt
-
     tolerance = tolerance or Tolerance.from_settings()
     covered = covered_until(team)
     since = now - timedelta(days=settings.INVOICE_LOOKBACK_DAYS)
@@ -675,8 +668,6 @@ def flag_discrepancies(team, *, now: datetime, tolerance: Tolerance | None = Non
 
 
 def _flag_attempt(team, row: AttemptReconciliation, *, now: datetime) -> int:
-    from jobs.services import record_event
-
     attempt = row.attempt
     numbers = {
         "kind": row.status,
@@ -692,7 +683,7 @@ def _flag_attempt(team, row: AttemptReconciliation, *, now: datetime) -> int:
         if not new:
             DiscrepancyFlag.objects.filter(pk=flag.pk).update(**numbers)
             return 0
-        record_event(
+        JobEvent.objects.record(
             attempt.job_id,
             now=now,
             kind="invoice_discrepancy",
@@ -700,21 +691,21 @@ def _flag_attempt(team, row: AttemptReconciliation, *, now: datetime) -> int:
                 f"Attempt #{attempt.number}: Vast billed ${row.billed:.2f}, NomadGPU recorded "
                 f"${row.recorded:.2f} ({Status.LABELS[row.status]}). {row.reason}"
             ),
-            attempt=attempt.number,
-            instance_id=attempt.instance_id,
-            status=row.status,
-            billed_usd=round(row.billed, 4),
-            recorded_usd=round(row.recorded, 4),
-            difference_usd=round(row.diff, 4),
-            reason=row.reason,
+            data={
+                "attempt": attempt.number,
+                "instance_id": attempt.instance_id,
+                "status": row.status,
+                "billed_usd": round(row.billed, 4),
+                "recorded_usd": round(row.recorded, 4),
+                "difference_usd": round(row.diff, 4),
+                "reason": row.reason,
+            },
         )
     return 1
 
 
 def close_open_flags(flags, *, note: str, now: datetime) -> int:
     """Close FLAGS that are still open because the numbers now agree (no reviewer)."""
-    from billing.models import FlagStatus
-
     return flags.filter(status=FlagStatus.OPEN).update(
         status=FlagStatus.REVIEWED, note=note, reviewed_at=now, updated_at=now
     )
@@ -722,8 +713,6 @@ def close_open_flags(flags, *, note: str, now: datetime) -> int:
 
 def mark_reviewed(flag: DiscrepancyFlag, *, user, note: str, now: datetime) -> bool:
     """Mark FLAG reviewed with NOTE; False if someone else reviewed it first."""
-    from billing.models import FlagStatus
-
     return bool(
         DiscrepancyFlag.objects.filter(pk=flag.pk, status=FlagStatus.OPEN).update(
             status=FlagStatus.REVIEWED, note=note, reviewed_by=user, reviewed_at=now

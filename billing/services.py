@@ -1,5 +1,6 @@
-"""Spending limits: where each limit stands, the pre-flight at submit, the reservation made
-when a rent is planned, and resuming a paused job. Enforcement is ``billing.enforce``.
+"""Spending limits: where each limit stands, and the verdicts at submit (pre-flight), when a
+rent is planned (the reservation) and at resume. Enforcement is ``billing.enforce``. Billing
+decides; ``jobs.lifecycle`` acts (``billing.gate`` answers its questions).
 
 Limits (``LimitKind``): the job's own ``Job.budget_usd`` over its whole life; the team's
 daily, weekly (from Monday) and monthly limits over calendar periods in the team's time zone;
@@ -18,17 +19,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 
 from django.conf import settings
-from django.db import transaction
 from django.db.models import Q
 
 from billing.models import BudgetPause, BudgetReservation, LimitKind, TeamBudget
 from billing.periods import period_bounds
 from billing.spend import burn_rate_per_hour, job_spend, spend_between
+from hosts import selection
+from hosts.vast import Offer
 from jobs.models import Attempt, Job, JobState
+from jobs.renting import profile_for, requirements_for
+from jobs.spending import ALLOW, Verdict
 
 ACTIVE_JOB_STATES = (
     JobState.QUEUED,
@@ -42,10 +46,6 @@ STORAGE_USD_PER_GB_MONTH = 0.15
 # A job waiting for budget (queued to start when it allows, or refused a rent) looks again
 # this often: a new period or a raised limit is picked up within a minute.
 RECHECK_S = 60
-
-
-class BudgetExceeded(Exception):
-    """A limit refuses the job; the message carries the numbers (shown by portal and API)."""
 
 
 @dataclass(frozen=True)
@@ -179,10 +179,6 @@ def statuses_for_job(job: Job, *, now: datetime) -> list[LimitStatus]:
 
 def estimate_remaining_usd(job: Job) -> float:
     """The selection's cost model for the rest of JOB on the reference host (module docstring)."""
-    from hosts import selection
-    from hosts.vast import Offer
-    from jobs.renting import profile_for, requirements_for
-
     req, profile = requirements_for(job), profile_for(job)
     dph = float(settings.BUDGET_ESTIMATE_DPH) * req.num_gpus
     offer = Offer(
@@ -218,6 +214,30 @@ def estimate_remaining_usd(job: Job) -> float:
     return selection.estimate_cost(offer, profile, speeds, req).total_usd
 
 
+def projected_total(job, *, now: datetime) -> float:
+    """Dollars JOB will have cost when it finishes: spend so far plus the rest of the run.
+
+    The rest is priced with the live attempt's rates and speed (observed seconds per step,
+    else the selection decision's estimate) for the steps still ahead, plus the decision's
+    upload cost for that share. Without a live attempt (queued, paused) the rest comes from
+    ``estimate_remaining_usd``, the same estimate the pre-flight uses.
+    """
+    so_far = job_spend(job, now=now).total
+    if job.state in ("succeeded", "failed", "cancelled"):
+        return so_far
+    live = job.attempts.filter(ended_at=None).exclude(rented_at=None).order_by("-number").first()
+    if live is None:
+        return so_far + estimate_remaining_usd(job)
+    cost = (live.decision or {}).get("chosen", {}).get("cost", {})
+    spp = live.seconds_per_step or cost.get("seconds_per_step") or 0.0
+    total_steps = job.total_steps or live.total_steps or 0
+    left = max(total_steps - (live.step or live.resumed_from_step or 0), 0)
+    rate = live.dph_base + live.storage_usd_per_gb_hour * live.disk_gb
+    planned_steps = cost.get("steps_remaining") or 0
+    upload = cost.get("upload_usd", 0.0) * (left / planned_steps if planned_steps else 0.0)
+    return so_far + rate * left * spp / 3600.0 + upload
+
+
 def held_usd(reservation: BudgetReservation, *, now: datetime) -> float:
     """What RESERVATION still holds: its estimate minus what the job spent since."""
     spent_since = job_spend(reservation.job, now=now).total - reservation.spent_at_usd
@@ -251,25 +271,25 @@ def estimate_blocker(job: Job, estimate_usd: float, *, now: datetime) -> str | N
     return None
 
 
-def preflight(job: Job, *, now: datetime) -> None:
-    """At submit: raise ``BudgetExceeded`` when JOB's estimated cost would cross a limit, unless
-    the submitter asked to start when the budget allows (the job then waits in the queue)."""
+def preflight(job: Job, *, now: datetime) -> Verdict:
+    """At submit: refused when JOB's estimated cost would cross a limit, unless the submitter
+    asked to start when the budget allows (the job then waits in the queue)."""
     if job.start_when_budget_allows:
-        return
+        return ALLOW
     blocker = estimate_blocker(job, estimate_remaining_usd(job), now=now)
-    if blocker is not None:
-        raise BudgetExceeded(f"Refused: {blocker}.")
+    return ALLOW if blocker is None else Verdict(allowed=False, reason=f"Refused: {blocker}.")
 
 
-def reserve_for_rent(job: Job, *, now: datetime) -> bool:
+def reserve_for_rent(job: Job, *, now: datetime) -> Verdict:
     """In the transaction that plans JOB's rent: hold its estimated cost against the limits
     and say whether the rent may go ahead.
 
     The team's budget row is locked first, so of two jobs planned at once the second sees the
     first's reservation (two cannot both squeeze under the same limit). A job that does not
-    fit, or is being paused, waits: it is looked at again after ``RECHECK_S``."""
+    fit, or is being paused, waits and is looked at again after ``RECHECK_S``; one that lost
+    its host and no longer fits is to be paused instead (it has no machine to keep)."""
     if job.budget_usd is None and not TeamBudget.objects.filter(team_id=job.team_id).exists():
-        return True  # no limit applies: nothing to hold
+        return ALLOW  # no limit applies: nothing to hold
     TeamBudget.objects.select_for_update().get_or_create(team_id=job.team_id)
     estimate = 0.0
     if BudgetPause.objects.filter(job=job, released_at=None).exists():
@@ -278,11 +298,8 @@ def reserve_for_rent(job: Job, *, now: datetime) -> bool:
         estimate = estimate_remaining_usd(job)
         blocker = estimate_blocker(job, estimate, now=now)
     if blocker is not None:
-        if job.state == JobState.RECOVERING and estimate:
-            _pause_instead_of_waiting(job, blocker, now=now)
-        else:
-            _wait_for_budget(job, blocker, now=now)
-        return False
+        pause = job.state == JobState.RECOVERING and bool(estimate)
+        return Verdict(allowed=False, reason=blocker, pause=pause, retry_after_s=RECHECK_S)
     BudgetReservation.objects.update_or_create(
         job=job,
         defaults={
@@ -292,33 +309,7 @@ def reserve_for_rent(job: Job, *, now: datetime) -> bool:
             "created_at": now,
         },
     )
-    return True
-
-
-def _pause_instead_of_waiting(job: Job, why: str, *, now: datetime) -> None:
-    """A job that lost its host and whose remaining run no longer fits a limit is paused, not
-    left recovering with no host: it shows as paused_budget and an admin can resume it after
-    raising the limit (or in a new period). It has no live attempt, so nothing to release."""
-    from jobs import losses
-
-    losses.release_job(
-        job.pk,
-        to=JobState.PAUSED_BUDGET,
-        now=now,
-        kind="budget_paused",
-        reason="budget",
-        message=f"paused while recovering: {why}; raise the limit and resume",
-        data={"blocker": why},
-    )
-
-
-def _wait_for_budget(job: Job, why: str, *, now: datetime) -> None:
-    from jobs import services
-
-    Job.objects.filter(pk=job.pk).update(next_rent_at=now + timedelta(seconds=RECHECK_S))
-    last = job.events.filter(kind__in=["budget_wait", "rented", "renting"]).order_by("-id").first()
-    if last is None or last.kind != "budget_wait":
-        services.record_event(job.pk, now=now, kind="budget_wait", message=f"waiting: {why}")
+    return ALLOW
 
 
 # --- Resume -----------------------------------------------------------------------------------
@@ -333,25 +324,7 @@ def resume_blocker(job: Job, *, now: datetime) -> str | None:
     return estimate_blocker(job, estimate_remaining_usd(job), now=now)
 
 
-def resume_job(job: Job, *, by: str, now: datetime) -> None:
-    """Move a budget-paused JOB back to the queue; it continues from its newest checkpoint.
-    Raises ``BudgetExceeded`` (with the numbers) while a limit still blocks it."""
-    from jobs import renting, services
-
-    with transaction.atomic():
-        job = Job.objects.select_for_update().select_related("team").get(pk=job.pk)
-        if job.state != JobState.PAUSED_BUDGET:
-            raise BudgetExceeded(f"Job {job.pk} is {job.get_state_display()}, not paused.")
-        blocker = resume_blocker(job, now=now)
-        if blocker is not None:
-            raise BudgetExceeded(f"Cannot resume: {blocker}. Raise the limit or wait.")
-        services.transition(
-            job.pk,
-            JobState.QUEUED,
-            now=now,
-            kind="budget_resumed",
-            message=f"resumed by {by}",
-            next_rent_at=None,
-            rent_backoff_s=0,
-        )
-        services.after_commit(renting.plan_rent, job.pk, now=now)
+def resume_verdict(job: Job, *, now: datetime) -> Verdict:
+    """May the budget-paused JOB go back to the queue (``resume_blocker``)?"""
+    blocker = resume_blocker(job, now=now)
+    return ALLOW if blocker is None else Verdict(allowed=False, reason=blocker)

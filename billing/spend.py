@@ -169,29 +169,3 @@ def burn_rate_per_hour(attempt, *, now: datetime) -> float:
         return 0.0
     gpu = attempt.dph_base if attempt.registered_at is not None else 0.0
     return gpu + attempt.storage_usd_per_gb_hour * attempt.disk_gb
-
-
-def projected_total(job, *, now: datetime) -> float:
-    """Dollars JOB will have cost when it finishes: spend so far plus the rest of the run.
-
-    The rest is priced with the live attempt's rates and speed (observed seconds per step,
-    else the selection decision's estimate) for the steps still ahead, plus the decision's
-    upload cost for that share. Without a live attempt (queued, paused) the rest comes from
-    ``billing.services.estimate_remaining_usd``, the same estimate the pre-flight uses.
-    """
-    from billing.services import estimate_remaining_usd
-
-    so_far = job_spend(job, now=now).total
-    if job.state in ("succeeded", "failed", "cancelled"):
-        return so_far
-    live = job.attempts.filter(ended_at=None).exclude(rented_at=None).order_by("-number").first()
-    if live is None:
-        return so_far + estimate_remaining_usd(job)
-    cost = (live.decision or {}).get("chosen", {}).get("cost", {})
-    spp = live.seconds_per_step or cost.get("seconds_per_step") or 0.0
-    total_steps = job.total_steps or live.total_steps or 0
-    left = max(total_steps - (live.step or live.resumed_from_step or 0), 0)
-    rate = live.dph_base + live.storage_usd_per_gb_hour * live.disk_gb
-    planned_steps = cost.get("steps_remaining") or 0
-    upload = cost.get("upload_usd", 0.0) * (left / planned_steps if planned_steps else 0.0)
-    return so_far + rate * left * spp / 3600.0 + upload

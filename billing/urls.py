@@ -1,9 +1,7 @@
 from django.urls import path
 
-from billing import finance_views as views
+from billing import views
 
-# Mounted at /finance/ (nomadgpu/urls.py). Apart from billing/urls.py (budgets) so the two
-# helpers' branches merge without a conflict on one file.
 urlpatterns = [
     path("<slug:slug>/", views.summary, name="finance-summary"),
     path("<slug:slug>/jobs/<int:job_id>/", views.job_detail, name="finance-job"),

@@ -3,8 +3,9 @@ from __future__ import annotations
 from django.contrib import admin
 from django.utils import timezone
 
-from jobs import losses, services
+from jobs import lifecycle
 from jobs.models import Attempt, Checkpoint, Interruption, Job, JobEvent, LossPoint
+from jobs.spending import BudgetExceeded
 from nomadgpu.admin_scoping import TeamScopedAdmin
 
 
@@ -25,7 +26,6 @@ class JobAdmin(TeamScopedAdmin):
         "team",
         "state",
         "budget_usd",
-        "spend_so_far",
         "created_by",
         "created_at",
         "updated_at",
@@ -37,28 +37,13 @@ class JobAdmin(TeamScopedAdmin):
     exclude = ["data_key"]
     inlines = [JobEventInline]
     actions = ["cancel_jobs", "resume_jobs"]
-    readonly_fields = ["spend_so_far", "projected_total"]
-
-    @admin.display(description="spend so far ($)")
-    def spend_so_far(self, job: Job) -> str:
-        from billing.spend import job_spend
-
-        return f"{job_spend(job, now=timezone.now()).total:.4f}"
-
-    @admin.display(description="projected total ($)")
-    def projected_total(self, job: Job) -> str:
-        from billing.spend import projected_total
-
-        return f"{projected_total(job, now=timezone.now()):.4f}"
 
     @admin.action(description="Resume the selected budget-paused jobs (from their checkpoints)")
     def resume_jobs(self, request, queryset) -> None:
-        from billing.services import BudgetExceeded, resume_job
-
         resumed = 0
         for job in queryset:
             try:
-                resume_job(job, by=f"{request.user} (admin)", now=timezone.now())
+                lifecycle.resume_job(job.pk, by=f"{request.user} (admin)", now=timezone.now())
                 resumed += 1
             except BudgetExceeded as exc:
                 self.message_user(request, f"{job}: {exc}", level="warning")
@@ -69,9 +54,9 @@ class JobAdmin(TeamScopedAdmin):
         cancelled, refused = 0, []
         for job in queryset:
             try:
-                losses.cancel_job(job.pk, now=timezone.now(), by=f"by {request.user} (admin)")
+                lifecycle.cancel_job(job.pk, now=timezone.now(), by=f"by {request.user} (admin)")
                 cancelled += 1
-            except services.IllegalTransition as exc:
+            except lifecycle.IllegalTransition as exc:
                 refused.append(str(exc))
         self.message_user(request, f"Cancelled {cancelled} job(s).")
         for reason in refused:

@@ -10,6 +10,7 @@ from pathlib import Path
 from django.conf import settings
 from django.template.loader import render_to_string
 
+from agent.build import build_zipapp
 from jobs.models import Attempt
 
 AGENT_DEPENDENCIES = ("httpx==0.28.1", "cryptography==50.0.2")
@@ -30,8 +31,6 @@ def agent_zipapp_path() -> Path:
 
     No lock: worker processes that race here each build a whole file and rename it into place
     (``build_zipapp``), so the loser's rename replaces identical bytes."""
-    from agent.build import build_zipapp
-
     out = settings.VAR_DIR / "agent" / f"agent-{agent_source_digest()}.pyz"
     if not out.exists():
         build_zipapp(out)

@@ -144,22 +144,13 @@ def complete_upload(
     return checkpoint
 
 
-def newest_ready(job_id: int) -> Checkpoint | None:
-    """The checkpoint a new attempt resumes from."""
-    return (
-        Checkpoint.objects.filter(job_id=job_id, state=CheckpointState.READY)
-        .select_related("attempt")
-        .order_by("-step", "-ready_at")
-        .first()
-    )
-
-
 def prune_old(job_id: int, *, keep_last: int) -> list[str]:
     """Delete ready checkpoints beyond the newest KEEP_LAST; return the deleted keys."""
     stale = list(
-        Checkpoint.objects.filter(job_id=job_id, state=CheckpointState.READY)
+        Checkpoint.objects.filter(job_id=job_id)
+        .ready()
         .select_related("attempt__job__team")
-        .order_by("-step", "-ready_at")[keep_last:]
+        .newest_first()[keep_last:]
     )
     if not stale:
         return []

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from django.utils import timezone
 
 from hosts.vast import VastClient
-from jobs import services
+from jobs import lifecycle
 from jobs.models import Attempt, AttemptState, Interruption, Job
 
 
@@ -42,7 +42,7 @@ def destroy_running_host(job: Job, *, by: str = "") -> Attempt:
     attempt = running_attempt(job)
     with VastClient.from_settings(job.team) as client:
         client.destroy_instance(attempt.instance_id)
-    services.record_event(
+    lifecycle.record_event(
         job.pk,
         now=timezone.now(),
         kind="drill",

@@ -23,9 +23,15 @@ class Progress:
     fraction: float | None  # 0..1, None when the total is unknown
     eta_s: float | None  # while training only: remaining steps at the latest s/step
 
+    @property
+    def percent(self) -> float | None:
+        return None if self.fraction is None else 100.0 * self.fraction
+
 
 def job_progress(job: Job) -> Progress:
-    """Step and total from the newest attempt that reported one; ETA only while running."""
+    """Step and total from the newest attempt that reported one; ETA only while running, at
+    that attempt's latest seconds per step. The one progress rule: the job pages, the member
+    API, the CLI and the finished notification all read it."""
     attempts = sorted(job.attempts.all(), key=lambda a: a.number, reverse=True)
     reporting = next((a for a in attempts if a.step is not None), None)
     step = reporting.step if reporting else None

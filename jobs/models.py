@@ -1,20 +1,21 @@
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import models
+from django.db import models, transaction
 from django.utils import timezone
 
 from nomadgpu.fields import EncryptedTextField
 from nomadgpu.models import Team
 
-# Silence longer than this many heartbeat intervals is a lost host. 1.75 keeps detection of a
-# silent network loss within two intervals (the supervisor issue's goal; the watchdog adds up
-# to one tick, a third of an interval) and still forgives one lost heartbeat: the agent retries
-# a failed beat after 1, 2, 4 s, long before the timeout. DESIGN.md's 3 intervals would take
-# 45-50 s at 15 s beats. A host whose network drops for longer than ~11 s at 15 s beats is
-# treated as lost; jobs on flaky networks should use a longer heartbeat_interval_s.
+# Silence longer than this many heartbeat intervals is a lost host. 1.75 catches a silent
+# network loss within two intervals (the watchdog adds up to one tick, a third of an interval)
+# and still forgives one lost heartbeat: the agent retries a failed beat after 1, 2, 4 s, long
+# before the timeout. Three intervals would take 45-50 s at 15 s beats. A host whose network
+# drops for longer than ~11 s at 15 s beats is treated as lost; jobs on flaky networks should
+# use a longer heartbeat_interval_s.
 HEARTBEAT_TIMEOUT_INTERVALS = 1.75
 
 
@@ -99,6 +100,29 @@ class Job(models.Model):
         return timedelta(seconds=self.heartbeat_interval_s * HEARTBEAT_TIMEOUT_INTERVALS)
 
 
+# One console line per job event: what an operator watching `make run` wants to see.
+event_log = logging.getLogger("nomadgpu.events")
+WARNING_EVENTS = frozenset({"host_lost", "failed", "no_offers", "budget_paused"})
+
+
+class JobEventManager(models.Manager):
+    def record(self, job_id: int, *, now, kind: str, message: str = "", data=None) -> JobEvent:
+        """Append an event to JOB_ID's history (any app may: billing flags an invoice here).
+        Notifications follow from the row itself (``notify`` listens for new events), and the
+        console line is written once the transaction commits."""
+        event = self.create(
+            job_id=job_id, created_at=now, kind=kind, message=message, data=data or {}
+        )
+        transaction.on_commit(lambda: _log_event(event))
+        return event
+
+
+def _log_event(event: JobEvent) -> None:
+    level = logging.WARNING if event.kind in WARNING_EVENTS else logging.INFO
+    text = f"job {event.job_id}: {event.kind.replace('_', ' ')}"
+    event_log.log(level, f"{text}: {event.message}" if event.message else text)
+
+
 class JobEvent(models.Model):
     """Append-only history of a job: every transition and notable observation."""
 
@@ -107,6 +131,8 @@ class JobEvent(models.Model):
     kind = models.CharField(max_length=40)
     message = models.TextField(blank=True)
     data = models.JSONField(default=dict, blank=True)
+
+    objects = JobEventManager()
 
     class Meta:
         ordering = ["created_at", "id"]
@@ -129,6 +155,12 @@ LIVE_ATTEMPT_STATES = [
     AttemptState.STARTING,
     AttemptState.RUNNING,
 ]
+
+
+class AttemptQuerySet(models.QuerySet):
+    def live(self) -> AttemptQuerySet:
+        """Attempts that hold, or are getting, the job's one slot (planned to running)."""
+        return self.filter(state__in=LIVE_ATTEMPT_STATES)
 
 
 class Attempt(models.Model):
@@ -202,6 +234,8 @@ class Attempt(models.Model):
     running_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
 
+    objects = AttemptQuerySet.as_manager()
+
     class Meta:
         ordering = ["job", "number"]
         constraints = [
@@ -243,6 +277,24 @@ class CheckpointState(models.TextChoices):
     PRUNED = "pruned", "Pruned"
 
 
+class CheckpointQuerySet(models.QuerySet):
+    def ready(self) -> CheckpointQuerySet:
+        """Checkpoints a resume may start from: verified, manifest written, not pruned."""
+        return self.filter(state=CheckpointState.READY)
+
+    def newest_first(self) -> CheckpointQuerySet:
+        """Highest step first; of two at one step (two attempts), the later upload."""
+        return self.order_by("-step", "-ready_at")
+
+    def newest_ready(self) -> Checkpoint | None:
+        """The ready checkpoint a resume starts from, or None."""
+        return self.ready().newest_first().first()
+
+    def newest_ready_step(self) -> int | None:
+        """The step of ``newest_ready``, in one query, or None."""
+        return self.ready().newest_first().values_list("step", flat=True).first()
+
+
 class Checkpoint(models.Model):
     """A packed checkpoint object; ready only once verified and its manifest written (last)."""
 
@@ -260,6 +312,8 @@ class Checkpoint(models.Model):
     part_size = models.PositiveBigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     ready_at = models.DateTimeField(null=True, blank=True)
+
+    objects = CheckpointQuerySet.as_manager()
 
     class Meta:
         ordering = ["job", "-step"]

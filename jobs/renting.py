@@ -1,12 +1,13 @@
 """Renting a host for a job, exactly once.
 
-1. ``plan_rent`` commits an ``Attempt`` row (PLANNED) before any provider call. A partial unique
-   index allows one live attempt per job, so two workers cannot both plan one.
-2. ``rent`` claims PLANNED → REQUESTED (with the agent token's digest) and commits, then asks
-   ``hosts`` to choose an offer and creates the instance labelled ``ngpu:<env>:<job>:<n>``.
-   A create whose outcome is unknown is never repeated: the reconciler adopts the instance by
-   its label, or closes the attempt after a grace period.
-3. ``record_rented`` stores the instance on the attempt and moves the job to ``starting``.
+1. ``lifecycle.plan_rent`` commits an ``Attempt`` row (PLANNED) before any provider call. A
+   partial unique index allows one live attempt per job, so two workers cannot both plan one.
+2. ``rent`` (this module, the ``rent_attempt`` task) claims PLANNED → REQUESTED (with the agent
+   token's digest) and commits, then asks ``hosts`` to choose an offer and creates the instance
+   labelled ``ngpu:<env>:<job>:<n>``. A create whose outcome is unknown is never repeated: the
+   watchdog adopts the instance by its label, or closes the attempt after a grace period.
+3. ``lifecycle.mark_rented`` stores the instance on the attempt and moves the job to
+   ``starting``.
 """
 
 from __future__ import annotations
@@ -15,11 +16,9 @@ import logging
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
-from django.db.models import F, Max
+from django.db import transaction
 
 from hosts import selection
-from hosts.models import Machine
 from hosts.vast import (
     CreateOutcomeUnknown,
     Instance,
@@ -29,27 +28,14 @@ from hosts.vast import (
     VastClient,
     VastError,
 )
-from jobs import services
+from jobs import lifecycle
 from jobs.bootstrap import render_bootstrap
-from jobs.models import (
-    LIVE_ATTEMPT_STATES,
-    Attempt,
-    AttemptState,
-    Interruption,
-    Job,
-    JobEvent,
-    JobState,
-)
-from jobs.tokens import issue_token
+from jobs.models import Attempt, AttemptState, Checkpoint, Job, JobEvent
+from nomadgpu.tokens import issue_token
 
 logger = logging.getLogger(__name__)
 
-NEEDS_HOST = (JobState.QUEUED, JobState.RENTING, JobState.RECOVERING)
 MAX_CREATE_TRIES = 5
-
-
-def label_for(job: Job, number: int) -> str:
-    return f"ngpu:{settings.NOMADGPU_ENV}:{job.pk}:{number}"
 
 
 def parse_label(label: str | None) -> tuple[int, int] | None:
@@ -62,34 +48,6 @@ def parse_label(label: str | None) -> tuple[int, int] | None:
         return int(job_id), int(number)
     except ValueError:
         return None
-
-
-def plan_rent(job_id: int, *, now: datetime) -> Attempt | None:
-    """Commit the next attempt row for a job that needs a host; None when none is needed or
-    the budget does not allow it (the reservation is made in this same transaction)."""
-    from billing.services import reserve_for_rent
-    from jobs import tasks
-
-    with transaction.atomic():
-        job = Job.objects.select_for_update().filter(pk=job_id, state__in=NEEDS_HOST).first()
-        if job is None or (job.next_rent_at and job.next_rent_at > now):
-            return None
-        if job.attempts.filter(state__in=LIVE_ATTEMPT_STATES).exists():
-            return None
-        if not reserve_for_rent(job, now=now):
-            return None  # over a spending limit: the job waits (billing says why, once)
-        number = (job.attempts.aggregate(n=Max("number"))["n"] or 0) + 1
-        try:
-            with transaction.atomic():
-                attempt = Attempt.objects.create(
-                    job=job, number=number, label=label_for(job, number), created_at=now
-                )
-        except IntegrityError:
-            return None  # another worker planned this job's attempt first
-        if job.state != JobState.RENTING:
-            services.transition(job.pk, JobState.RENTING, now=now, kind="renting")
-        services.after_commit(tasks.rent_attempt.delay, attempt.pk)
-    return attempt
 
 
 def requirements_for(job: Job) -> selection.Requirements:
@@ -105,7 +63,7 @@ PROFILE_DEFAULTS = {"image_gb": 5.0, "model_gb": 0.0, "upload_gb": 1.0}
 
 
 def profile_for(job: Job) -> selection.JobProfile:
-    resume_step = job.checkpoints.filter(state="ready").aggregate(s=Max("step"))["s"] or 0
+    resume_step = Checkpoint.objects.filter(job=job).newest_ready_step() or 0
     data = {**PROFILE_DEFAULTS, "steps_total": job.total_steps or 0, **job.profile}
     return selection.JobProfile(**{**data, "steps_done": resume_step})
 
@@ -191,7 +149,7 @@ def _choose_and_create(attempt: Attempt, token: str, *, client: VastClient, now:
             refused.append(destroy_created_stopped(attempt, created.id, offer, client=client))
             continue
         try:
-            record_rented(
+            lifecycle.mark_rented(
                 attempt.pk,
                 fields={**offer_fields(offer), "disk_gb": req.disk_gb},
                 instance_id=created.id,
@@ -225,49 +183,6 @@ def destroy_created_stopped(attempt: Attempt, instance_id: int, offer, *, client
     return why
 
 
-def record_rented(
-    attempt_id: int,
-    *,
-    fields: dict,
-    instance_id: int,
-    decision: dict,
-    now: datetime,
-) -> bool:
-    """Store the created instance on the attempt; move the job to starting. False when the
-    attempt was closed meanwhile (cancelled): then the instance is destroyed after commit."""
-    from jobs import tasks
-
-    with transaction.atomic():
-        claimed = Attempt.objects.filter(pk=attempt_id, state=AttemptState.REQUESTED).update(
-            state=AttemptState.STARTING,
-            instance_id=instance_id,
-            rented_at=now,
-            decision=decision,
-            **fields,
-        )
-        attempt = Attempt.objects.select_related("job").get(pk=attempt_id)
-        if not claimed:
-            services.after_commit(tasks.destroy_instance.delay, attempt.job.team_id, instance_id)
-            return False
-        start_deadline = now + timedelta(seconds=attempt.job.start_timeout_s)
-        Attempt.objects.filter(pk=attempt_id).update(heartbeat_deadline=start_deadline)
-        Job.objects.filter(pk=attempt.job_id).update(next_rent_at=None, rent_backoff_s=0)
-        Interruption.objects.filter(job_id=attempt.job_id, replacement_rented_at=None).update(
-            replacement_rented_at=now
-        )
-        note_machine_rented(attempt)
-        services.transition(
-            attempt.job_id,
-            JobState.STARTING,
-            now=now,
-            kind="rented",
-            message=f"rented instance {instance_id} "
-            f"({attempt.gpu_name or 'adopted'}, ${attempt.dph_base:.3f}/h)",
-            data={"instance_id": instance_id, "offer_id": attempt.offer_id},
-        )
-    return True
-
-
 def offer_fields(offer: Offer) -> dict:
     return {
         "offer_id": offer.id,
@@ -294,17 +209,6 @@ def instance_fields(instance: Instance) -> dict:
     }
 
 
-def note_machine_rented(attempt: Attempt) -> None:
-    if attempt.machine_id is None:
-        return
-    machine, _ = Machine.objects.get_or_create(
-        machine_id=attempt.machine_id, defaults={"gpu_name": attempt.gpu_name}
-    )
-    Machine.objects.filter(pk=machine.pk).update(
-        rentals=F("rentals") + 1, last_seen_at=attempt.rented_at
-    )
-
-
 def give_up_renting(
     attempt: Attempt, *, now: datetime, why: str, end_reason: str = "no_offers"
 ) -> str:
@@ -320,7 +224,7 @@ def give_up_renting(
             rent_backoff_s=backoff, next_rent_at=now + timedelta(seconds=backoff)
         )
         if not _no_offers_already_said(job):
-            services.record_event(job.pk, now=now, kind="no_offers", message=why)
+            lifecycle.record_event(job.pk, now=now, kind="no_offers", message=why)
     return "no-offers"
 
 

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import re
 import sys
+import tomllib
 from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, Any
 
 from django.conf import settings
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from jobs import lifecycle
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # The agent owns these: a job may not point its own agent elsewhere or change its token.
@@ -96,7 +99,7 @@ class JobSpec(_Strict):
         return env
 
     def job_fields(self) -> dict[str, Any]:
-        """Keyword arguments for ``jobs.services.submit_job``."""
+        """Keyword arguments for ``jobs.lifecycle.submit_job``."""
         data = self.model_dump()
         data["requirements"] = self.requirements.model_dump()
         data["profile"] = self.profile.model_dump()
@@ -114,11 +117,9 @@ def error_messages(exc: ValidationError) -> dict[str, str]:
 
 def submit_spec(spec: JobSpec, *, team, created_by, now: datetime):
     """Submit a validated spec for TEAM; returns the queued job. Raises
-    ``billing.services.BudgetExceeded`` (a message with the numbers, nothing created) when the
+    ``jobs.spending.BudgetExceeded`` (a message with the numbers, nothing created) when the
     estimate would cross a spending limit and the spec does not ask to wait for the budget."""
-    from jobs.services import submit_job
-
-    return submit_job(team=team, created_by=created_by, now=now, **spec.job_fields())
+    return lifecycle.submit_job(team=team, created_by=created_by, now=now, **spec.job_fields())
 
 
 def _toy_template() -> dict[str, Any]:
@@ -136,8 +137,6 @@ def _toy_template() -> dict[str, Any]:
 
 
 def _qlora_template() -> dict[str, Any]:
-    import tomllib
-
     path = settings.BASE_DIR / "examples" / "qlora" / "job.toml"
     return tomllib.loads(path.read_text())
 

@@ -1,33 +1,53 @@
-"""Celery tasks: thin. Each fetches by id and calls a service; all are safe to run twice."""
+"""Celery tasks: thin. Each fetches by id and calls a service; all are safe to run twice.
+
+Watchdog ticks run on their own queue (``CELERY_TASK_ROUTES``), so a slow rent or a long
+budget pass never delays loss detection. Tasks that call Vast have time limits, and are
+requeued if the worker running them dies (``reject_on_worker_lost``; they are idempotent).
+"""
 
 from __future__ import annotations
 
 import logging
 
 from celery import shared_task
+from django.conf import settings
 from django.utils import timezone
 
-from jobs import renting, watchdog
+from hosts.vast import VastClient
+from jobs import lifecycle, renting, watchdog
+from nomadgpu.models import Team
 
 logger = logging.getLogger(__name__)
 
+# The provider's calls retry with backoff inside the client; past these a task is stuck.
+VAST_TASK = {
+    "reject_on_worker_lost": True,
+    "soft_time_limit": settings.VAST_TASK_SOFT_LIMIT_S,
+    "time_limit": settings.VAST_TASK_SOFT_LIMIT_S + 30,
+}
 
-@shared_task(ignore_result=True)
+
+@shared_task(ignore_result=True, **VAST_TASK)
 def watchdog_tick() -> dict:
     return watchdog.tick(now=timezone.now())
 
 
-@shared_task(ignore_result=True)
+@shared_task(ignore_result=True, **VAST_TASK)
 def rent_attempt(attempt_id: int) -> str:
     return renting.rent(attempt_id, now=timezone.now())
 
 
-@shared_task(ignore_result=True, autoretry_for=(Exception,), retry_backoff=5, max_retries=8)
+@shared_task(ignore_result=True)
+def enforce_budgets() -> dict:
+    """One budget pass (``lifecycle.enforce_budgets``), at the watchdog's cadence."""
+    return lifecycle.enforce_budgets(now=timezone.now())
+
+
+@shared_task(
+    ignore_result=True, autoretry_for=(Exception,), retry_backoff=5, max_retries=8, **VAST_TASK
+)
 def destroy_instance(team_id: int, instance_id: int) -> bool:
     """Stop billing for INSTANCE_ID. Retried on failure; the orphan reaper is the backstop."""
-    from hosts.vast import VastClient
-    from nomadgpu.models import Team
-
     team = Team.objects.filter(pk=team_id).first()
     with VastClient.from_settings(team) as client:
         gone_already = not client.destroy_instance(instance_id)

@@ -23,8 +23,8 @@ from django.conf import settings
 from django.db.models import F
 
 from hosts.vast import Instance, VastClient, VastError
-from jobs import losses, renting, services
-from jobs.losses import Loss
+from jobs import lifecycle, renting, stall
+from jobs.lifecycle import Loss
 from jobs.models import LIVE_ATTEMPT_STATES, Attempt, AttemptState, Checkpoint, Job
 from nomadgpu.models import ServiceHeartbeat
 
@@ -57,13 +57,13 @@ def tick(*, now: datetime, poll_provider: bool | None = None) -> dict:
     record_tick(now=now)
     if poll_provider is None:
         poll_provider = provider_poll_due(now)
-    lost = [losses.handle_loss(loss, now=now) for loss in find_due_losses(now)]
+    lost = [lifecycle.handle_loss(loss, now=now) for loss in find_due_losses(now)]
     moved = 0
     if poll_provider:
-        lost += [losses.handle_loss(loss, now=now) for loss in poll_providers(now)]
+        lost += [lifecycle.handle_loss(loss, now=now) for loss in poll_providers(now)]
         # Contract ends only change with a poll: checked at its cadence, not every tick.
         moved = move_off_expiring_contracts(now)
-    planned = [renting.plan_rent(job_id, now=now) for job_id in jobs_needing_a_host(now)]
+    planned = [lifecycle.plan_rent(job_id, now=now) for job_id in jobs_needing_a_host(now)]
     return {
         "moved": moved,
         "lost": sum(bool(x) for x in lost),
@@ -75,7 +75,7 @@ def tick(*, now: datetime, poll_provider: bool | None = None) -> dict:
 def move_off_expiring_contracts(now: datetime) -> int:
     """Move jobs off hosts whose contract ends within ``CONTRACT_MOVE_LEAD_S``: first ask the
     agent for a checkpoint, then, once one newer than the request is ready (or half the lead is
-    gone), end the attempt as a planned move (``losses.move_before_contract_end``). Returns how
+    gone), end the attempt as a planned move (``lifecycle.move_before_contract_end``). Returns how
     many jobs were moved. A job that cannot be moved in time is stopped by the provider and
     recovers as a loss (``provider_stopped``)."""
     lead = timedelta(seconds=settings.CONTRACT_MOVE_LEAD_S)
@@ -87,7 +87,7 @@ def move_off_expiring_contracts(now: datetime) -> int:
         if attempt.move_asked_at is None:
             ask_checkpoint_before_contract_end(attempt, now=now)
         elif move_is_due(attempt, now=now, lead=lead):
-            moved += losses.move_before_contract_end(attempt.pk, now=now)
+            moved += lifecycle.move_before_contract_end(attempt.pk, now=now)
     return moved
 
 
@@ -95,9 +95,11 @@ def move_is_due(attempt: Attempt, *, now: datetime, lead: timedelta) -> bool:
     """A checkpoint asked for the move is ready, or waiting longer would risk the end itself."""
     if attempt.contract_ends_at - now <= lead / 2:
         return True
-    return Checkpoint.objects.filter(
-        attempt=attempt, state="ready", ready_at__gte=attempt.move_asked_at
-    ).exists()
+    return (
+        Checkpoint.objects.filter(attempt=attempt, ready_at__gte=attempt.move_asked_at)
+        .ready()
+        .exists()
+    )
 
 
 def ask_checkpoint_before_contract_end(attempt: Attempt, *, now: datetime) -> None:
@@ -106,8 +108,8 @@ def ask_checkpoint_before_contract_end(attempt: Attempt, *, now: datetime) -> No
         move_asked_at=now
     ):
         return  # another tick asked first
-    services.request_checkpoint(attempt.pk)
-    services.record_event(
+    lifecycle.request_checkpoint(attempt.pk)
+    lifecycle.record_event(
         attempt.job_id,
         now=now,
         kind="contract_expiring",
@@ -122,8 +124,6 @@ def nudge_planned(now: datetime) -> int:
     many. The first message was lost (a broker restart, a dropped message): without this the
     planned attempt would hold the job's one live slot forever. ``renting.rent`` claims an
     attempt once, so a duplicate message is a no-op."""
-    from jobs import tasks
-
     # No ordering: the model's default (by job) joined every attempt to its job for nothing.
     stale = (
         Attempt.objects.filter(
@@ -135,7 +135,7 @@ def nudge_planned(now: datetime) -> int:
     ids = list(stale)
     for attempt_id in ids:
         logger.warning("attempt %s was never claimed; sending its rent message again", attempt_id)
-        tasks.rent_attempt.delay(attempt_id)
+        lifecycle.send_task(lifecycle.RENT_TASK, attempt_id)
     return len(ids)
 
 
@@ -192,11 +192,17 @@ def never_registered_detail(attempt: Attempt) -> str:
 
 
 def is_stalled(attempt: Attempt, now: datetime) -> bool:
-    """Training made no progress for the job's stall timeout (restores and uploads excluded)."""
-    if attempt.state != AttemptState.RUNNING or attempt.phase not in ("running", ""):
-        return False
-    since = attempt.last_progress_at or attempt.running_at or attempt.registered_at
-    return since is not None and since + timedelta(seconds=attempt.job.stall_timeout_s) <= now
+    """Whether the running ATTEMPT, as stored, is stalled (``stall.is_stalled``, the rule the
+    heartbeat applies too)."""
+    return attempt.state == AttemptState.RUNNING and stall.is_stalled(
+        phase=attempt.phase,
+        step_before=attempt.step,
+        step_now=attempt.step,  # no beat is being decided on: the stored step is the latest
+        last_progress_at=attempt.last_progress_at,
+        running_at=attempt.running_at,
+        stall_timeout_s=attempt.job.stall_timeout_s,
+        now=now,
+    )
 
 
 def provider_loss(attempt: Attempt, instance: Instance | None) -> Loss | None:
@@ -225,7 +231,7 @@ def is_outbid(instance: Instance) -> bool:
 
 def poll_providers(now: datetime) -> list[Loss]:
     """One paged list call per account: provider-confirmed losses, adoptions, orphans."""
-    live = Attempt.objects.filter(state__in=LIVE_ATTEMPT_STATES).select_related("job__team")
+    live = Attempt.objects.live().select_related("job__team")
     by_account: dict[tuple[str, str], list[Attempt]] = defaultdict(list)
     for attempt in live:
         by_account[account_of(attempt.job.team)].append(attempt)
@@ -308,7 +314,7 @@ def adopt_or_close(attempt: Attempt, instance: Instance | None, now: datetime) -
         return  # the renting worker may still be waiting for the create call
     if instance is not None:
         logger.info("adopting instance %s for %s by its label", instance.id, attempt)
-        renting.record_rented(
+        lifecycle.mark_rented(
             attempt.pk,
             fields=renting.instance_fields(instance),
             instance_id=instance.id,
@@ -340,7 +346,7 @@ def reap_orphans(client: VastClient, instances: list[Instance], owned: set, now:
 def jobs_needing_a_host(now: datetime) -> list[int]:
     """Jobs waiting for a host with no live attempt whose backoff has passed."""
     return list(
-        Job.objects.filter(state__in=renting.NEEDS_HOST)
+        Job.objects.filter(state__in=lifecycle.NEEDS_HOST)
         .exclude(attempts__state__in=LIVE_ATTEMPT_STATES)
         .exclude(next_rent_at__gt=now)
         .order_by("pk")  # oldest first; the default (-created_at) sorted every time

@@ -1,6 +1,6 @@
 """Personal API tokens: created in the portal, shown once, stored as prefix + SHA-256 digest.
 
-The same scheme as the agent's per-attempt tokens (``jobs.tokens``): 256 random bits, so a fast
+The same scheme as the agent's per-attempt tokens (``nomadgpu.tokens``): 256 random bits, so a fast
 hash is enough; the prefix makes lookup one indexed read and the digest is compared in constant
 time. The ``ngpt_`` mark makes a leaked token recognisable (secret scanners, logs).
 """
@@ -12,8 +12,8 @@ from datetime import datetime, timedelta
 
 from django.shortcuts import get_object_or_404
 
-from jobs.tokens import token_digest, token_matches
 from nomadgpu.models import ApiToken
+from nomadgpu.tokens import token_digest, token_matches
 
 TOKEN_MARK = "ngpt_"
 PREFIX_LEN = 12

@@ -38,6 +38,12 @@ def generate_key() -> str:
     return base64.urlsafe_b64encode(os.urandom(32)).decode()
 
 
+def new_data_key() -> str:
+    """A random AES-256 key for one job's checkpoints, in standard base64 (what the agent
+    decodes); stored sealed under the key above (``Job.data_key``)."""
+    return base64.b64encode(os.urandom(32)).decode()
+
+
 def _decode_key(text: str) -> bytes:
     try:
         raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+from kombu import Queue
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 ENV_VARS: dict[str, str] = {}
@@ -79,6 +80,7 @@ INSTALLED_APPS = [
     "billing",
     "statuspage",
     "notify",
+    "portal",
 ]
 
 MIDDLEWARE = [
@@ -127,8 +129,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
 elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # Django turns psycopg's prepared statements off (None); a threshold no statement reaches
-    # turns them back on for the one statement that asks with prepare=True, the heartbeat's
-    # (jobs.agent_services). Django's own cursors bind on the client and never prepare.
+    # turns them back on for the statements that ask with prepare=True, the heartbeat's two
+    # (jobs.heartbeat_store). Django's own cursors bind on the client and never prepare.
     DATABASES["default"].setdefault("OPTIONS", {}).setdefault("prepare_threshold", 2**31 - 1)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -204,6 +206,15 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 CELERY_TIMEZONE = "UTC"
+# Watchdog ticks have a queue of their own, so a slow rent never delays loss detection:
+# `make run` and docker-compose start a worker for it alone. A worker started without -Q
+# consumes both queues (tests, a one-process setup).
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+CELERY_TASK_QUEUES = (Queue("celery"), Queue("watchdog"))
+CELERY_TASK_ROUTES = {"jobs.tasks.watchdog_tick": {"queue": "watchdog"}}
+# A task that calls Vast is stopped after this long (the client retries inside it), and is
+# requeued if its worker dies: all of them are safe to run twice.
+VAST_TASK_SOFT_LIMIT_S = envint("VAST_TASK_SOFT_LIMIT_S", 300)
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 WATCHDOG_INTERVAL_S = envfloat("WATCHDOG_INTERVAL_S", 5.0)
@@ -265,7 +276,7 @@ def every(task: str, interval_s: float) -> dict:
 CELERY_BEAT_SCHEDULE = {
     "watchdog-tick": every("jobs.tasks.watchdog_tick", WATCHDOG_INTERVAL_S),
     # Spending limits, at the watchdog's cadence (and once when a worker starts).
-    "billing-enforce": every("billing.tasks.enforce_budgets", WATCHDOG_INTERVAL_S),
+    "budget-enforce": every("jobs.tasks.enforce_budgets", WATCHDOG_INTERVAL_S),
     # Retries and anything a lost nudge left behind; each event also nudges it on commit.
     "notify-deliver-due": every("notify.tasks.deliver_due", NOTIFY_INTERVAL_S),
     "billing-sync-invoices": every("billing.tasks.sync_invoices", INVOICE_SYNC_INTERVAL_S),

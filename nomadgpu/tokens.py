@@ -1,4 +1,5 @@
-"""Per-attempt agent tokens: shown once (in the instance's env), stored as prefix + SHA-256.
+"""Bearer tokens (agents' per-attempt tokens, members' API tokens): shown once, stored as
+prefix + SHA-256.
 
 SHA-256 is enough for 256-bit random tokens (slow hashes are for guessable passwords); the
 prefix makes lookup one indexed read and the digest is compared in constant time.

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from nomadgpu import storage_views, token_views, views
+from nomadgpu import storage_views, token_views
 from nomadgpu.api import api
 
 admin.site.site_header = "NomadGPU administration"
@@ -11,15 +11,12 @@ admin.site.site_title = "NomadGPU"
 urlpatterns = [
     # First: every agent's heartbeat resolves here, before the portal's includes are tried.
     path("api/", api.urls),
-    path("", views.dashboard, name="dashboard"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("teams/<slug:slug>/", views.team_detail, name="team-detail"),
     path("account/tokens/", token_views.tokens, name="account-tokens"),
     path("account/tokens/<int:token_id>/revoke/", token_views.revoke, name="account-token-revoke"),
-    path("", include("jobs.urls")),
-    path("", include("billing.urls")),
-    path("finance/", include("billing.finance_urls")),
+    path("", include("portal.urls")),
+    path("finance/", include("billing.urls")),
     path("admin/", admin.site.urls),
     path("status/", include("statuspage.urls")),
     path("storage/<path:key>", storage_views.local_object, name="local-object"),

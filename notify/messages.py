@@ -3,22 +3,25 @@
 
 Templates write Telegram's small HTML subset (``<b>``, ``<pre>``) and Django escapes every
 value, so the HTML goes to Telegram as is; webhooks get the same text with tags stripped.
-Numbers are formatted here, so templates stay short and read like the message.
+Numbers are formatted here (``nomadgpu.humanize``), so templates stay short and read like
+the message; a job's cost and savings are billing's (``billing.reconcile``), the same the job
+page and the member API show.
 """
 
 from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from django.conf import settings
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.html import strip_tags
 
+from billing.reconcile import machine_and_training_hours, reconcile_job
 from jobs.job_status import early_finish_note
-from jobs.models import Attempt, Interruption, Job, JobEvent
+from jobs.models import Interruption, Job, JobEvent
+from nomadgpu.humanize import duration, money
 from notify.models import EventKind
 
 LOG_LINES = 8
@@ -150,31 +153,25 @@ def running_again_facts(event: JobEvent, job: Job) -> dict:
 
 def finished_facts(event: JobEvent, job: Job) -> dict:
     end = job.finished_at or event.created_at
-    attempts = list(job.attempts.all())
-    machine_s = sum(machine_seconds(a, end) for a in attempts)
-    cost = sum(attempt_cost(a, end) for a in attempts)
-    team = job.team
-    reference = (
-        float(team.reference_rate_usd_per_hour)
-        * machine_s
-        / 3600
-        / float(team.reference_speed_factor or 1)
-    )
+    reckoning = reconcile_job(job, now=end)
+    machine_h, _ = machine_and_training_hours(job.attempts.all(), now=end)
+    cost, saved = reckoning.cost.amount, reckoning.savings
     return {
         "duration_s": (end - job.created_at).total_seconds(),
         "duration_text": duration((end - job.created_at).total_seconds()),
-        "machine_s": machine_s,
-        "machine_text": duration(machine_s),
+        "machine_s": machine_h * 3600,
+        "machine_text": duration(machine_h * 3600),
         "final_step": job.final_step,
         "early_finish": early_finish_note(job),
         "interruptions": job.interruptions.count(),
         "cost_usd": round(cost, 4),
+        "cost_basis": reckoning.cost.basis,
         "cost_text": money(cost),
-        "reference_name": team.reference_name,
-        "reference_usd": round(reference, 4),
-        "reference_text": money(reference),
-        "savings_usd": round(reference - cost, 4),
-        "savings_text": money(reference - cost),
+        "reference_name": job.team.reference_name,
+        "reference_usd": round(saved.reference_usd, 4),
+        "reference_text": money(saved.reference_usd),
+        "savings_usd": round(saved.saved_usd, 4),
+        "savings_text": money(saved.saved_usd),
     }
 
 
@@ -207,43 +204,3 @@ FACTS = {
     EventKind.FAILED: failed_facts,
     EventKind.NO_OFFERS: no_offers_facts,
 }
-
-
-# --- numbers ----------------------------------------------------------------------------
-
-
-def machine_seconds(attempt: Attempt, end: datetime) -> float:
-    if attempt.rented_at is None:
-        return 0.0
-    return max(0.0, ((attempt.ended_at or end) - attempt.rented_at).total_seconds())
-
-
-def attempt_cost(attempt: Attempt, end: datetime) -> float:
-    """What an attempt cost as NomadGPU recorded it: GPU time, disk and traffic.
-
-    An estimate until the invoice is imported (billing reconciles against Vast's charges)."""
-    hours = machine_seconds(attempt, end) / 3600
-    traffic = (
-        attempt.bytes_down / 1e9 * attempt.download_usd_per_gb
-        + attempt.bytes_up / 1e9 * attempt.upload_usd_per_gb
-    )
-    storage = attempt.storage_usd_per_gb_hour * attempt.disk_gb * hours
-    return attempt.dph_base * hours + storage + traffic
-
-
-def duration(seconds: float | None) -> str:
-    """Short and readable on a phone: "45 s", "5 min 3 s", "2 h 07 min"."""
-    if seconds is None:
-        return "unknown"
-    whole = round(seconds)
-    if whole < 60:
-        return f"{whole} s"
-    if whole < 3600:
-        return f"{whole // 60} min {whole % 60} s"
-    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
-
-
-def money(usd: float, *, per_hour: bool = False) -> str:
-    """Dollars: "$0.19", "-$0.05"; prices per hour with three decimals, "$0.350/h"."""
-    sign = "-" if usd < 0 else ""
-    return f"{sign}${abs(usd):.3f}/h" if per_hour else f"{sign}${abs(usd):.2f}"

@@ -14,16 +14,16 @@ from django.db.models import Count, Prefetch, QuerySet
 
 from billing.periods import period_bounds
 from billing.reconcile import job_cost as reconciled_job_cost
+from billing.services import projected_total
 from billing.spend import (
     Spend,
     attempt_spend,
-    projected_total,
     spend_between,
     total_spend,
 )
 from hosts import selection
 from hosts.vast import RetryPolicy, VastClient, VastError
-from jobs import job_status, services
+from jobs import job_status, lifecycle
 from jobs.models import Attempt, Job
 from jobs.spec import JobSpec
 
@@ -52,40 +52,10 @@ def current_attempt(job: Job) -> Attempt | None:
     return attempts[-1] if attempts else None
 
 
-@dataclass(frozen=True)
-class Progress:
-    step: int | None
-    total: int | None
-    seconds_per_step: float | None
-
-    @property
-    def percent(self) -> float | None:
-        if self.step is None or not self.total:
-            return None
-        return min(100.0, 100.0 * self.step / self.total)
-
-    @property
-    def eta_s(self) -> float | None:
-        """Seconds left at the current speed (None when speed or total is unknown)."""
-        if self.step is None or not self.total or not self.seconds_per_step:
-            return None
-        return max(self.total - self.step, 0) * self.seconds_per_step
-
-
-def progress_of(job: Job, attempt: Attempt | None) -> Progress:
-    """Step/total from the live attempt; a finished job shows its final step."""
-    total = (attempt.total_steps if attempt else None) or job.total_steps
-    step = attempt.step if attempt else None
-    if job.final_step is not None:
-        step = job.final_step
-    speed = attempt.seconds_per_step if attempt and not services.is_terminal(job.state) else None
-    return Progress(step, total, speed)
-
-
 def projected_cost(job: Job, *, now: datetime, spend: Spend) -> float:
     """Expected total cost of the job (``billing.spend.projected_total``; spend for a finished
     one)."""
-    if services.is_terminal(job.state):
+    if lifecycle.is_terminal(job.state):
         return spend.total
     return projected_total(job, now=now)
 
@@ -100,7 +70,7 @@ def job_cost(job: Job, *, now: datetime) -> tuple[float, str]:
 class JobRow:
     job: Job
     attempt: Attempt | None
-    progress: Progress
+    progress: job_status.Progress
     spend: Spend
     projected: float | None
     interruptions: int
@@ -108,7 +78,7 @@ class JobRow:
     @property
     def live(self) -> bool:
         """Still changing: worth polling."""
-        return not services.is_terminal(self.job.state)
+        return not lifecycle.is_terminal(self.job.state)
 
     @property
     def host(self) -> str:
@@ -123,7 +93,7 @@ class JobRow:
 def job_row(job: Job, *, now: datetime) -> JobRow:
     """Everything the list shows for JOB (expects ``with_portal_data``'s prefetches)."""
     attempt = current_attempt(job)
-    progress = progress_of(job, attempt)
+    progress = job_status.job_progress(job)
     spend = total_spend(job.attempts.all(), now=now)
     interruptions = getattr(job, "n_interruptions", None)
     if interruptions is None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from django import forms
 
-from jobs.spec import JobSpec, ValidationError, error_messages
+from jobs.spec import JobSpec, ProfileSpec, RequirementsSpec, ValidationError, error_messages
 
 # Spec path → form field, in the order of the page. Booleans are checkboxes.
 FIELD_PATHS: dict[str, str] = {
@@ -259,8 +259,6 @@ def _field_for(where: str) -> str | None:
 
 def spec_defaults() -> dict[str, Any]:
     """The spec's own defaults as flat initial values (an empty form shows what JobSpec uses)."""
-    from jobs.spec import ProfileSpec, RequirementsSpec
-
     values = {
         name: f.get_default(call_default_factory=True)
         for name, f in JobSpec.model_fields.items()

@@ -21,13 +21,14 @@ from ninja.errors import HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 from ninja.security import HttpBearer, django_auth
 
-from billing.services import BudgetExceeded
+from billing.reconcile import job_cost
 from billing.spend import job_spend
 from hosts.vast import VastError
-from jobs import job_status, losses, services
+from jobs import job_status, lifecycle
 from jobs.drill import DrillError, destroy_running_host
 from jobs.models import Job
 from jobs.spec import JOB_TEMPLATES, JobSpec, submit_spec, template_spec
+from jobs.spending import BudgetExceeded
 from nomadgpu import api_tokens
 from nomadgpu.models import Team
 from nomadgpu.permissions import (
@@ -107,6 +108,11 @@ class JobDetailOut(JobOut):
     loss: float | None
     seconds_per_step: float | None
     spend: dict[str, float] = Field(description="gpu, storage, download, upload, total (USD)")
+    cost_usd: float = Field(
+        description="the job's cost as the job page and notifications show it: what Vast billed"
+        " once every attempt is invoiced, else the recorded spend"
+    )
+    cost_basis: str = Field(description='"invoiced" or "estimated"')
     host: HostOut | None
     interruption_list: list[InterruptionOut]
 
@@ -204,6 +210,7 @@ def job_out(job: Job, *, now: datetime) -> dict[str, Any]:
 def job_detail_out(job: Job, *, now: datetime) -> dict[str, Any]:
     host = job_status.current_host(job)
     attempts = {a.pk: a.number for a in job.attempts.all()}
+    cost = job_cost(job, now=now)
     return {
         **job_out(job, now=now),
         "image": job.image,
@@ -213,6 +220,8 @@ def job_detail_out(job: Job, *, now: datetime) -> dict[str, Any]:
         "loss": host.loss if host else None,
         "seconds_per_step": host.seconds_per_step if host else None,
         "spend": job_spend(job, now=now).as_dict(),
+        "cost_usd": round(cost.amount, 6),
+        "cost_basis": cost.basis,
         "host": None
         if host is None
         else {
@@ -287,8 +296,8 @@ def cancel(request: HttpRequest, job_id: int):
     """Stop the job for good: its host is released, its checkpoints are kept."""
     job = _job_or_404(request, job_id)
     try:
-        losses.cancel_job(job.pk, now=timezone.now(), by=f"by {request.auth} (API)")
-    except services.IllegalTransition as exc:
+        lifecycle.cancel_job(job.pk, now=timezone.now(), by=f"by {request.auth} (API)")
+    except lifecycle.IllegalTransition as exc:
         raise HttpError(409, f"job {job.pk} is {exc.current}; it cannot be cancelled") from exc
     return job_detail_out(_job_or_404(request, job_id), now=timezone.now())
 

@@ -1,12 +1,15 @@
 from django.urls import path
 
-from jobs import views
+from portal import views
 
 urlpatterns = [
+    path("", views.dashboard, name="dashboard"),
+    path("teams/<slug:slug>/", views.team_detail, name="team-detail"),
     path("jobs/", views.job_list, name="job-list"),
     path("jobs/new/", views.job_new, name="job-new"),
     path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),
     path("jobs/<int:job_id>/cancel/", views.job_cancel, name="job-cancel"),
+    path("jobs/<int:job_id>/resume/", views.job_resume, name="job-resume"),
     path(
         "jobs/<int:job_id>/checkpoints/<int:checkpoint_id>/download/",
         views.checkpoint_download,

@@ -1,6 +1,7 @@
-"""Job pages: list, submit (with offers and cost before submit), detail, cancel, checkpoint
-download. Every page works without JavaScript; with htmx the live parts are fragments of the
-same templates (``page.html#fragment``), polled every few seconds while the job can change.
+"""The portal's pages: the dashboard, a team's page, and the job pages (list, submit with
+offers and cost before submit, detail, cancel, resume, checkpoint download). Every page works
+without JavaScript; with htmx the live parts are fragments of the same templates
+(``page.html#fragment``), polled every few seconds while the job can change.
 """
 
 from __future__ import annotations
@@ -9,29 +10,33 @@ import base64
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
-from django.views.decorators.http import require_http_methods
+from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from billing.services import BudgetExceeded
-from jobs import portal, services
-from jobs.forms import JobForm, spec_to_initial
-from jobs.losses import cancel_job
-from jobs.models import Checkpoint, CheckpointState, Job, JobState
+from agent.ckptcrypto import DecryptingReader
+from jobs import lifecycle
+from jobs.models import Checkpoint, Job, JobState
 from jobs.spec import JOB_TEMPLATES, submit_spec, template_spec
+from jobs.spending import BudgetExceeded
 from nomadgpu.permissions import (
     can_manage_team,
     can_see_billing,
     get_team_for_member_or_404,
     get_visible_or_404,
     member_teams,
+    role_in,
 )
 from nomadgpu.storage import StorageError, object_store
+from portal import figures as portal
+from portal.forms import JobForm, spec_to_initial
 
 LIST_LIMIT = 200
+DASHBOARD_JOBS = 10
 STREAM_CHUNK = 1024 * 1024
 
 
@@ -48,6 +53,40 @@ def current_team(request: HttpRequest):
 def rows_for(team, *, now, limit: int = LIST_LIMIT) -> list[portal.JobRow]:
     jobs = portal.with_portal_data(Job.objects.filter(team=team))[:limit] if team else []
     return [portal.job_row(job, now=now) for job in jobs]
+
+
+@login_required
+def dashboard(request):
+    """The current team's spend this month and its latest jobs (live rows)."""
+    now = timezone.now()
+    team = current_team(request)
+    rows = rows_for(team, now=now, limit=DASHBOARD_JOBS)
+    context = {
+        "teams": member_teams(request.user),
+        "team": team,
+        "rows": rows,
+        "limit": DASHBOARD_JOBS,
+        "any_live": any(r.live for r in rows),
+        "live_count": team.jobs.exclude(state__in=lifecycle.TERMINAL).count() if team else 0,
+        "month_spend": portal.team_month_spend(team, now=now) if team else 0.0,
+    }
+    return render(request, "nomadgpu/dashboard.html", context)
+
+
+@login_required
+def team_detail(request, slug: str):
+    team = get_team_for_member_or_404(request.user, slug)
+    request.session["team"] = team.slug
+    rows = rows_for(team, now=timezone.now(), limit=50)
+    context = {
+        "team": team,
+        "role": role_in(request.user, team),
+        "rows": rows,
+        "limit": 50,
+        "any_live": any(r.live for r in rows),
+        "members": team.memberships.select_related("user"),
+    }
+    return render(request, "nomadgpu/team_detail.html", context)
 
 
 def _positive_int(text: str | None, default: int) -> int:
@@ -132,7 +171,7 @@ def detail_context(request: HttpRequest, job: Job) -> dict:
     job = portal.with_portal_data(Job.objects.filter(pk=job.pk)).get()
     row = portal.job_row(job, now=now)
     cost, cost_source = portal.job_cost(job, now=now)
-    checkpoints = job.checkpoints.filter(state=CheckpointState.READY).select_related("attempt")
+    checkpoints = job.checkpoints.ready().select_related("attempt")
     spend_points, spend_unit = portal.spend_series(job, now=now)
     return {
         "job": job,
@@ -143,13 +182,13 @@ def detail_context(request: HttpRequest, job: Job) -> dict:
             min(100.0, 100.0 * row.spend.total / float(job.budget_usd)) if job.budget_usd else None
         ),
         "timeline": portal.timeline(job),
-        "checkpoints": checkpoints.order_by("-step"),
+        "checkpoints": checkpoints.newest_first(),
         "attempts": list(job.attempts.all()),
         "decision": portal.decision_of(_deciding_attempt(job)),
         "loss_chart": portal.line_chart(portal.loss_series(job)),
         "spend_chart": portal.line_chart(spend_points),
         "spend_unit": spend_unit,
-        "can_cancel": not services.is_terminal(job.state),
+        "can_cancel": not lifecycle.is_terminal(job.state),
         "can_resume": job.state == JobState.PAUSED_BUDGET
         and can_manage_team(request.user, job.team),
         "show_billing": can_see_billing(request.user, job.team),
@@ -178,8 +217,8 @@ def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
     if request.method == "GET" or request.POST.get("confirm") != "yes":
         return render(request, "jobs/job_cancel.html", {"job": job})
     try:
-        cancel_job(job.pk, now=timezone.now(), by=f"by {request.user.get_username()}")
-    except services.IllegalTransition:
+        lifecycle.cancel_job(job.pk, now=timezone.now(), by=f"by {request.user.get_username()}")
+    except lifecycle.IllegalTransition:
         messages.info(request, f"Job {job.name} had already finished.")
     else:
         messages.success(request, f"Job {job.name} cancelled; its checkpoints are kept.")
@@ -188,10 +227,26 @@ def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
 
 
 @login_required
+@require_POST
+def job_resume(request, job_id: int):
+    """Resume a budget-paused job (team admins; 404 for outsiders, 403 for other members)."""
+    job = _visible_job(request, job_id)
+    if not can_manage_team(request.user, job.team):
+        raise PermissionDenied("Only a team admin can resume a job.")
+    try:
+        lifecycle.resume_job(job.pk, by=f"{request.user} (portal)", now=timezone.now())
+    except BudgetExceeded as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Job {job.name} resumed; it continues from its checkpoint.")
+    return redirect("job-detail", job_id=job.pk)
+
+
+@login_required
 def checkpoint_download(request: HttpRequest, job_id: int, checkpoint_id: int) -> HttpResponse:
     """Stream a ready checkpoint's tar from storage, decrypting an encrypted one on the way."""
     job = _visible_job(request, job_id)
-    checkpoint = job.checkpoints.filter(pk=checkpoint_id, state=CheckpointState.READY).first()
+    checkpoint = job.checkpoints.ready().filter(pk=checkpoint_id).first()
     if checkpoint is None:
         raise Http404("No such ready checkpoint.")
     try:
@@ -210,8 +265,6 @@ def checkpoint_download(request: HttpRequest, job_id: int, checkpoint_id: int) -
 
 def _stream(source, checkpoint: Checkpoint, job: Job):
     """Chunks of the object; decrypted ones for an ngck1 checkpoint (a chunk at a time)."""
-    from agent.ckptcrypto import DecryptingReader
-
     try:
         reader = source
         if checkpoint.encrypted:

@@ -20,10 +20,10 @@ from django.utils import timezone
 from django.utils.cache import patch_cache_control
 from django.utils.feedgenerator import Atom1Feed
 
+from nomadgpu.humanize import duration
 from nomadgpu.models import Team
 from statuspage import stats
 from statuspage.chart import bar_chart
-from statuspage.templatetags.status_tags import duration
 
 CACHE_SECONDS = 30
 JSON_VERSION = 1
@@ -144,7 +144,7 @@ def badge(request: HttpRequest, slug: str) -> HttpResponse:
     if days is None:
         return bad_window()
     p90 = cached_status(team, days).back_on_machine.p90_s
-    label, value = "recovery p90", duration(p90)
+    label, value = "recovery p90", duration(p90, none="no data")
     # About 7 px per character of 11 px Verdana, plus padding: close to shields.io's sizes.
     label_w, value_w = 10 + 7 * len(label), 10 + 7 * len(value)
     context = {

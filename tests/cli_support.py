@@ -10,12 +10,12 @@ from tests.processes import ROOT, wait_until
 
 
 class Follower:
-    """``python -m nomadgpu.cli ...`` in a subprocess, its output collected line by line."""
+    """``python -m nomadgpu_cli ...`` in a subprocess, its output collected line by line."""
 
     def __init__(self, url: str, token: str, *argv: str) -> None:
         self.lines: list[str] = []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "nomadgpu.cli", "--url", url, "--poll", "0.1", *argv],
+            [sys.executable, "-m", "nomadgpu_cli", "--url", url, "--poll", "0.1", *argv],
             cwd=ROOT,
             env={"NOMADGPU_TOKEN": token, "PATH": "/usr/bin:/bin", "PYTHONUNBUFFERED": "1"},
             stdout=subprocess.PIPE,

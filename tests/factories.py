@@ -47,7 +47,7 @@ class JobFactory(factory.django.DjangoModelFactory):
 def make_attempt(job=None, *, number: int = 1, state: str = "starting", **fields):
     """An attempt with a fresh agent token; returns (attempt, token)."""
     from jobs.models import Attempt
-    from jobs.tokens import issue_token
+    from nomadgpu.tokens import issue_token
 
     issued = issue_token()
     job = job or JobFactory()

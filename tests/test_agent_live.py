@@ -67,7 +67,7 @@ def toy_job(**fields):
 def test_checkpoints_upload_verify_and_restore_on_a_second_attempt(
     backend, encrypted, live_server, tmp_path
 ):
-    from jobs.agent_services import new_data_key
+    from nomadgpu.crypto import new_data_key
 
     job = toy_job(encrypt_checkpoints=encrypted, data_key=new_data_key() if encrypted else "")
     _, token = make_attempt(job, state="starting")
@@ -106,7 +106,7 @@ def test_checkpoints_upload_verify_and_restore_on_a_second_attempt(
 def test_a_command_exiting_with_3_is_reported_as_3_and_fails_the_job(
     backend, live_server, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr("jobs.tasks.destroy_instance.delay", lambda *a: None)
+    monkeypatch.setattr("jobs.lifecycle.send_task", lambda *a: None)
     job = toy_job(command="echo 'ValueError: bad config'; exit 3")
     attempt, token = make_attempt(job, state="starting")
 

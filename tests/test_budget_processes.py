@@ -54,7 +54,7 @@ def test_two_rents_planned_at_once_cannot_both_take_the_last_budget():
         try:
             start.wait()
             with transaction.atomic():
-                results[job.pk] = reserve_for_rent(job, now=timezone.now())
+                results[job.pk] = reserve_for_rent(job, now=timezone.now()).allowed
         finally:
             connection.close()
 

@@ -14,11 +14,13 @@ from django.urls import reverse
 from billing import enforce, services
 from billing.models import BudgetPause, BudgetReservation, BudgetWarning, TeamBudget
 from billing.periods import period_bounds
-from billing.spend import GB, attempt_spend, attempt_spend_between, job_spend, projected_total
+from billing.services import projected_total
+from billing.spend import GB, attempt_spend, attempt_spend_between, job_spend
 from hosts.vast import parse_offer
-from jobs import renting
+from jobs import lifecycle, renting
+from jobs.lifecycle import submit_job
 from jobs.models import Attempt, Checkpoint, Job, JobEvent
-from jobs.services import submit_job
+from jobs.spending import BudgetExceeded
 from tests.factories import JobFactory, make_attempt
 from tests.sandbox_support import market_offers
 
@@ -135,8 +137,8 @@ def test_at_80_percent_one_warning_per_limit_and_period(cast):
     job, _attempt = running_job(cast.team_a, since=NOW - timedelta(hours=1))
     limits(cast.team_a, daily_usd=2.0)  # $1.73 spent by noon: 86 %
 
-    enforce.enforce_budgets(now=NOW)
-    enforce.enforce_budgets(now=NOW + timedelta(seconds=5))
+    lifecycle.enforce_budgets(now=NOW)
+    lifecycle.enforce_budgets(now=NOW + timedelta(seconds=5))
 
     [warning] = events(job, "budget_warning")
     assert "daily limit $2.00" in warning.message
@@ -147,11 +149,11 @@ def test_at_80_percent_one_warning_per_limit_and_period(cast):
 def test_the_next_day_warns_again(cast):
     job, _ = running_job(cast.team_a, since=NOW - timedelta(hours=1))
     limits(cast.team_a, daily_usd=2.0)
-    enforce.enforce_budgets(now=NOW)
+    lifecycle.enforce_budgets(now=NOW)
     Attempt.objects.filter(job=job).update(ended_at=NOW + timedelta(minutes=1))
     _, _ = running_job(cast.team_a, since=NOW + timedelta(hours=13), number=1)
 
-    enforce.enforce_budgets(now=NOW + timedelta(hours=14))
+    lifecycle.enforce_budgets(now=NOW + timedelta(hours=14))
 
     assert BudgetWarning.objects.filter(limit="day").count() == 2
 
@@ -162,7 +164,7 @@ def test_at_the_limit_the_agent_is_asked_to_checkpoint_then_the_machine_is_relea
         job=job, attempt=attempt, step=100, state="ready", key="k1", size=1, ready_at=NOW
     )
 
-    enforce.enforce_budgets(now=NOW)  # $0.95 of $1 spent: the limit is 95 s away, < the grace
+    lifecycle.enforce_budgets(now=NOW)  # $0.95 of $1 spent: the limit is 95 s away, < the grace
 
     attempt.refresh_from_db()
     pause = BudgetPause.objects.get(job=job)
@@ -179,7 +181,7 @@ def test_at_the_limit_the_agent_is_asked_to_checkpoint_then_the_machine_is_relea
         size=1,
         ready_at=NOW + timedelta(seconds=8),
     )
-    enforce.enforce_budgets(now=NOW + timedelta(seconds=10))
+    lifecycle.enforce_budgets(now=NOW + timedelta(seconds=10))
 
     attempt.refresh_from_db()
     [paused] = events(job, "budget_paused")
@@ -195,7 +197,7 @@ def test_a_limit_already_crossed_is_released_in_the_same_pass(cast, settings):
     settings.BUDGET_CHECKPOINT_GRACE_S = 120
     job, attempt = running_job(cast.team_a, since=NOW - timedelta(minutes=40), budget_usd=1)
 
-    enforce.enforce_budgets(now=NOW)  # $1.15 spent: over already (a burst)
+    lifecycle.enforce_budgets(now=NOW)  # $1.15 spent: over already (a burst)
 
     assert state(job) == "paused_budget"
     assert Attempt.objects.get(pk=attempt.pk).state == "ended"
@@ -206,7 +208,7 @@ def test_the_deadline_is_cut_to_one_interval_before_the_projected_crossing(cast,
     # $1.728/h + storage: $1 lasts 2077 s; after 2040 s about 37 s are left.
     job, _ = running_job(cast.team_a, since=NOW - timedelta(seconds=2040), budget_usd=1)
 
-    enforce.enforce_budgets(now=NOW)
+    lifecycle.enforce_budgets(now=NOW)
 
     pause = BudgetPause.objects.get(job=job)
     assert timedelta(seconds=25) < pause.deadline - NOW < timedelta(seconds=40)
@@ -290,18 +292,18 @@ def test_the_lead_is_the_measured_upload_with_a_margin_or_else_the_grace(setting
 def test_a_tight_limit_keeps_the_job_training_past_its_first_checkpoint(cast, client):
     job, attempt, token = tight_job(cast.team_a)
 
-    enforce.enforce_budgets(now=at(1))  # the grace (120 s) is more than the money (52 s)
+    lifecycle.enforce_budgets(now=at(1))  # the grace (120 s) is more than the money (52 s)
     assert command_for(client, token, 1) == "checkpoint_now"
     uploaded(attempt, 4, asked=1.0, ready=1.5)  # step 4 of 240, uploaded in 0.5 s
     for seq, second in enumerate((5, 10, 15), start=2):
-        enforce.enforce_budgets(now=at(second))
+        lifecycle.enforce_budgets(now=at(second))
         assert command_for(client, token, seq) == "continue"
         assert state(job) == "running"
 
-    enforce.enforce_budgets(now=at(20))  # 15 s heartbeat + 0.5 s upload, x1.5 + 1: 24 s lead
+    lifecycle.enforce_budgets(now=at(20))  # 15 s heartbeat + 0.5 s upload, x1.5 + 1: 24 s lead
     assert command_for(client, token, 5) == "checkpoint_now"
     uploaded(attempt, 140, asked=31.0, ready=31.5)
-    enforce.enforce_budgets(now=at(35))
+    lifecycle.enforce_budgets(now=at(35))
 
     [paused] = events(job, "budget_paused")
     assert state(job) == "paused_budget"
@@ -315,16 +317,16 @@ def test_a_job_with_measured_uploads_is_asked_one_lead_before_the_money_runs_out
     job, attempt = running_job(cast.team_a, since=at(-2000), budget_usd=1)
     uploaded(attempt, 100, asked=-1000, ready=-980)
 
-    enforce.enforce_budgets(now=at(0))  # 77 s left: more than a lead and two passes
+    lifecycle.enforce_budgets(now=at(0))  # 77 s left: more than a lead and two passes
     assert not BudgetPause.objects.filter(job=job).exists()
 
-    enforce.enforce_budgets(now=at(15))  # 62 s left
+    lifecycle.enforce_budgets(now=at(15))  # 62 s left
     pause = BudgetPause.objects.get(job=job)
     assert Attempt.objects.get(pk=attempt.pk).pending_command == "checkpoint_now"
     assert abs(pause.deadline - at(70.5)) < timedelta(seconds=1)  # 5 s before the crossing
 
     uploaded(attempt, 160, asked=50, ready=70)
-    enforce.enforce_budgets(now=at(70))
+    lifecycle.enforce_budgets(now=at(70))
     assert state(job) == "paused_budget"
     assert events(job, "budget_paused")[0].data["checkpoint_step"] == 160
 
@@ -334,10 +336,10 @@ def test_a_checkpoint_that_never_comes_releases_at_the_deadline_with_the_last_on
     uploaded(attempt, 4, asked=-30, ready=-29.5)  # from before: the lead is 24 s
 
     for second in range(0, 45, 5):
-        enforce.enforce_budgets(now=at(second))
+        lifecycle.enforce_budgets(now=at(second))
         assert state(job) == "running"  # asked at 20 s; the script never answers
 
-    enforce.enforce_budgets(now=at(50))
+    lifecycle.enforce_budgets(now=at(50))
     assert state(job) == "paused_budget"
     assert events(job, "budget_paused")[0].data["checkpoint_step"] == 4
 
@@ -346,12 +348,12 @@ def test_a_burst_during_a_pause_releases_the_machine_at_the_next_pass(cast):
     # 1.5 h at $0.297/h and 1.1 GB at $0.044/GB: $0.494 of $0.50, about 75 s left.
     job, attempt = running_job(cast.team_a, offer_id=HEAVY_4090, since=at(-5400), budget_usd="0.5")
     Attempt.objects.filter(pk=attempt.pk).update(bytes_down=int(1.1 * GB))
-    enforce.enforce_budgets(now=at(0))
+    lifecycle.enforce_budgets(now=at(0))
     assert BudgetPause.objects.get(job=job).deadline > at(60)
     assert state(job) == "running"
 
     Attempt.objects.filter(pk=attempt.pk).update(bytes_down=2 * GB)  # a download: over the limit
-    enforce.enforce_budgets(now=at(5))
+    lifecycle.enforce_budgets(now=at(5))
 
     assert state(job) == "paused_budget"
 
@@ -361,7 +363,7 @@ def test_a_job_without_a_training_host_is_paused_at_once(cast):
     _spent, _ = running_job(cast.team_a, since=NOW - timedelta(hours=1))
     waiting = JobFactory(team=cast.team_a, state="renting")
 
-    enforce.enforce_budgets(now=NOW)
+    lifecycle.enforce_budgets(now=NOW)
 
     assert state(waiting) == "paused_budget"
     assert "daily limit $1.00" in events(waiting, "budget_paused")[0].message
@@ -374,14 +376,14 @@ def test_two_jobs_crossing_a_team_limit_on_the_same_tick_both_stop(cast, setting
     two, a2 = running_job(cast.team_a, since=NOW - timedelta(minutes=55), offer_id=H100)
     # Each alone is under the limit ($1.59); together they are over ($3.18).
 
-    report = enforce.enforce_budgets(now=NOW)
+    report = lifecycle.enforce_budgets(now=NOW)
 
     assert report["pausing"] == 2
     assert report["released"] == 2
     assert state(one) == state(two) == "paused_budget"
     assert {a.state for a in Attempt.objects.filter(pk__in=[a1.pk, a2.pk])} == {"ended"}
     other_team, _ = running_job(cast.team_b, since=NOW - timedelta(hours=3))
-    enforce.enforce_budgets(now=NOW + timedelta(seconds=5))
+    lifecycle.enforce_budgets(now=NOW + timedelta(seconds=5))
     assert state(other_team) == "running"  # another team's limits are its own
 
 
@@ -390,11 +392,11 @@ def test_a_traffic_heavy_host_is_stopped_by_its_download_bill(cast, settings):
     job, attempt = running_job(
         cast.team_a, offer_id=HEAVY_4090, since=NOW - timedelta(minutes=10), budget_usd="0.50"
     )
-    enforce.enforce_budgets(now=NOW)
+    lifecycle.enforce_budgets(now=NOW)
     assert state(job) == "running"  # 10 minutes at $0.29/h: $0.05
 
     Attempt.objects.filter(pk=attempt.pk).update(bytes_down=15 * GB)  # a 15 GB model pulled
-    enforce.enforce_budgets(now=NOW + timedelta(seconds=5))
+    lifecycle.enforce_budgets(now=NOW + timedelta(seconds=5))
 
     assert job_spend(job, now=NOW).download == pytest.approx(15 * 0.0439453125)
     assert state(job) == "paused_budget"
@@ -406,7 +408,7 @@ def test_the_member_monthly_limit_stops_only_that_members_jobs(cast, settings):
     bobs, _ = running_job(cast.team_a, since=NOW - timedelta(hours=2), created_by=cast.member)
     alices, _ = running_job(cast.team_a, since=NOW - timedelta(hours=1), created_by=cast.admin)
 
-    enforce.enforce_budgets(now=NOW)
+    lifecycle.enforce_budgets(now=NOW)
 
     assert state(bobs) == "paused_budget"
     assert "per-member monthly limit" in events(bobs, "budget_paused")[0].message
@@ -447,7 +449,7 @@ def toy_fields(**extra) -> dict:
 
 
 def test_a_job_whose_estimate_crosses_its_limit_is_refused_with_the_numbers(cast):
-    with pytest.raises(services.BudgetExceeded) as refused:
+    with pytest.raises(BudgetExceeded) as refused:
         submit_job(
             team=cast.team_a,
             created_by=cast.member,
@@ -465,7 +467,7 @@ def test_a_job_crossing_the_team_limit_can_wait_for_the_budget(
 ):
     limits(cast.team_a, daily_usd=1)
     running_job(cast.team_a, since=NOW - timedelta(minutes=25))  # $0.72 spent today
-    with pytest.raises(services.BudgetExceeded, match=r"daily limit \$1.00: \$0.72 spent"):
+    with pytest.raises(BudgetExceeded, match=r"daily limit \$1.00: \$0.72 spent"):
         submit_job(team=cast.team_a, created_by=cast.member, now=NOW, **toy_fields())
 
     with django_capture_on_commit_callbacks(execute=False):
@@ -476,7 +478,7 @@ def test_a_job_crossing_the_team_limit_can_wait_for_the_budget(
             **toy_fields(start_when_budget_allows=True),
         )
 
-    assert renting.plan_rent(job.pk, now=NOW) is None
+    assert lifecycle.plan_rent(job.pk, now=NOW) is None
     job.refresh_from_db()
     assert job.state == "queued"
     assert job.next_rent_at == NOW + timedelta(seconds=60)
@@ -486,7 +488,7 @@ def test_a_job_crossing_the_team_limit_can_wait_for_the_budget(
     )
     tomorrow = NOW + timedelta(days=1)
     with django_capture_on_commit_callbacks(execute=False):
-        assert renting.plan_rent(job.pk, now=tomorrow) is not None
+        assert lifecycle.plan_rent(job.pk, now=tomorrow) is not None
 
 
 def test_at_the_team_limit_a_queued_job_keeps_waiting_while_started_ones_pause(cast, settings):
@@ -495,7 +497,7 @@ def test_at_the_team_limit_a_queued_job_keeps_waiting_while_started_ones_pause(c
     started, _ = running_job(cast.team_a, since=NOW - timedelta(minutes=40))  # $1.16
     waiting = JobFactory(team=cast.team_a, state="queued", start_when_budget_allows=True)
 
-    enforce.enforce_budgets(now=NOW)
+    lifecycle.enforce_budgets(now=NOW)
 
     assert state(started) == "paused_budget"
     assert state(waiting) == "queued"  # starts by itself when the budget allows
@@ -510,7 +512,7 @@ def test_two_jobs_cannot_both_squeeze_under_the_same_limit(
         first = submit_job(team=cast.team_a, created_by=cast.member, now=NOW, **toy_fields())
         second = submit_job(team=cast.team_a, created_by=cast.member, now=NOW, **toy_fields())
 
-        planned = [renting.plan_rent(j.pk, now=NOW) for j in (first, second)]
+        planned = [lifecycle.plan_rent(j.pk, now=NOW) for j in (first, second)]
 
     assert planned[0] is not None
     assert planned[1] is None
@@ -524,7 +526,7 @@ def test_two_jobs_cannot_both_squeeze_under_the_same_limit(
 def paused_job(cast, settings, **fields):
     settings.BUDGET_CHECKPOINT_GRACE_S = 0
     job, _ = running_job(cast.team_a, since=NOW - timedelta(hours=1), **fields)
-    enforce.enforce_budgets(now=NOW)
+    lifecycle.enforce_budgets(now=NOW)
     assert state(job) == "paused_budget"
     return job
 
@@ -534,7 +536,7 @@ def test_an_admin_resumes_a_paused_job_after_raising_its_limit(
 ):
     job = paused_job(cast, settings, budget_usd=1)
     planned = []
-    monkeypatch.setattr(renting, "plan_rent", lambda job_id, *, now: planned.append(job_id))
+    monkeypatch.setattr(lifecycle, "plan_rent", lambda job_id, *, now: planned.append(job_id))
     client.force_login(cast.admin)
     url = reverse("job-resume", args=[job.pk])
 
@@ -616,7 +618,7 @@ def test_the_banner_shows_limits_past_80_percent_to_the_team(client, cast):
     # in the first hour after midnight, when part of that hour belonged to yesterday.
     _job, _ = running_job(cast.team_a, since=NOW - timedelta(hours=1))
     with time_machine.travel(NOW, tick=False):
-        enforce.enforce_budgets(now=NOW)
+        lifecycle.enforce_budgets(now=NOW)
 
         client.force_login(cast.member)
         page = client.get(reverse("dashboard")).content.decode()
@@ -669,8 +671,8 @@ def test_resume_is_refused_while_the_rest_of_the_run_would_cross_the_limit(cast,
     job = paused_job(cast, settings, budget_usd=1)  # $1.73 spent
     Job.objects.filter(pk=job.pk).update(budget_usd=2)  # raised, but not by the $0.45 left
 
-    with pytest.raises(services.BudgetExceeded, match=r"estimated cost \$0.4\d would cross"):
-        services.resume_job(job, by="alice", now=NOW + timedelta(minutes=1))
+    with pytest.raises(BudgetExceeded, match=r"estimated cost \$0.4\d would cross"):
+        lifecycle.resume_job(job.pk, by="alice", now=NOW + timedelta(minutes=1))
 
     assert state(job) == "paused_budget"
 
@@ -683,7 +685,7 @@ def test_a_job_that_lost_its_host_and_no_longer_fits_its_limit_is_paused_not_str
     Attempt.objects.filter(pk=attempt.pk).update(state="ended", ended_at=NOW)
     Job.objects.filter(pk=job.pk).update(state="recovering")
 
-    planned = renting.plan_rent(job.pk, now=NOW)
+    planned = lifecycle.plan_rent(job.pk, now=NOW)
 
     assert planned is None
     assert state(job) == "paused_budget"

@@ -1,7 +1,7 @@
 """The ``nomadgpu`` CLI against a live server: real HTTP, real tokens, the real database.
 
 Commands that return at once run in-process (``main(argv)``); the followers run as
-``python -m nomadgpu.cli`` subprocesses whose output is read while the test moves the job on.
+``python -m nomadgpu_cli`` subprocesses whose output is read while the test moves the job on.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import services
+from jobs import lifecycle
 from jobs.models import Attempt, Job, JobState
-from nomadgpu import api_tokens, cli
+from nomadgpu import api_tokens
+from nomadgpu_cli import cli
 from tests.cli_support import Follower
 from tests.factories import JobFactory, make_attempt
 from tests.processes import wait_until
@@ -64,7 +65,7 @@ def job_file(tmp_path):
 def move(job: Job, to: str, kind: str, **fields) -> None:
     """The state machine's own transition, as the supervisor would make it."""
     with transaction.atomic():
-        services.transition(job.pk, to, now=timezone.now(), kind=kind, **fields)
+        lifecycle.transition(job.pk, to, now=timezone.now(), kind=kind, **fields)
 
 
 def host_starts_training(job: Job) -> Attempt:
@@ -217,7 +218,7 @@ def test_submit_follow_shows_progress_and_events_and_exits_0_on_success(
 
     assert follower.finish() == 0
     out = follower.output
-    assert "[###############...............] 150/300  50%  ETA 1m15s  running" in out
+    assert "[###############...............] 150/300  50%  ETA 1 min 15 s  running" in out
     assert "300/300 100%" in out
     kinds = [m[1] for m in re.finditer(r"^\d\d:\d\d:\d\d (\w+)", out, re.MULTILINE)]
     assert kinds == ["submitted", "renting", "rented", "running", "finished"]
@@ -265,9 +266,9 @@ def test_on_a_terminal_the_progress_line_is_redrawn_in_place_under_the_events():
     screen.progress(cli.progress_bar({**job, "step": 151, "progress": 151 / 300}))
     screen.done()
 
-    bar = "[###############...............] 150/300  50%  ETA 1m15s  running"
+    bar = "[###############...............] 150/300  50%  ETA 1 min 15 s  running"
     assert screen.stream.getvalue() == (
         f"\r\033[K{bar}"
         f"\r\033[K12:00:00 host_lost\n{bar}"
-        "\r\033[K[###############...............] 151/300  50%  ETA 1m15s  running\n"
+        "\r\033[K[###############...............] 151/300  50%  ETA 1 min 15 s  running\n"
     )

@@ -10,7 +10,7 @@ import sys
 import pytest
 from django.utils import timezone
 
-from jobs import services
+from jobs import lifecycle
 from tests.factories import JobFactory
 from tests.processes import ROOT, subprocess_env
 
@@ -40,8 +40,8 @@ def test_repeating_lines_are_hidden_unless_log_level_is_debug(tmp_path):
 def test_each_job_event_is_one_console_line(caplog):
     job = JobFactory()
     with caplog.at_level(logging.INFO, logger="nomadgpu.events"):
-        services.record_event(job.pk, now=timezone.now(), kind="no_offers", message="none fit")
-        services.record_event(job.pk, now=timezone.now(), kind="checkpoint_ready")
+        lifecycle.record_event(job.pk, now=timezone.now(), kind="no_offers", message="none fit")
+        lifecycle.record_event(job.pk, now=timezone.now(), kind="checkpoint_ready")
 
     lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "nomadgpu.events"]
     assert lines == [

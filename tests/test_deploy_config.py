@@ -105,9 +105,19 @@ def test_readme_documents_every_variable():
     assert not missing, f"README's configuration table lacks {missing}"
 
 
-def test_procfile_starts_web_worker_beat_and_sandbox():
+def test_procfile_starts_web_workers_beat_and_sandbox_and_every_queue_is_consumed():
     procfile = (ROOT / "Procfile").read_text()
-    names = {line.split(":")[0] for line in procfile.splitlines() if line.strip()}
+    commands = dict(line.split(": ", 1) for line in procfile.splitlines() if line.strip())
 
-    assert names == {"web", "worker", "beat", "sandbox"}
+    assert set(commands) == {"web", "worker", "watchdog", "beat", "sandbox"}
+    consumed = {
+        queue
+        for command in commands.values()
+        if " worker " in command
+        for queue in command.split("-Q ")[1].split()[0].split(",")
+    }
+    assert consumed == {q.name for q in settings.CELERY_TASK_QUEUES}
+    assert settings.CELERY_TASK_ROUTES["jobs.tasks.watchdog_tick"] == {"queue": "watchdog"}
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert "-Q watchdog" in compose["services"]["watchdog"]["command"]
     assert settings.CELERY_BEAT_SCHEDULE

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from jobs import services
+from jobs import lifecycle
 from jobs.models import Job, JobEvent
 from nomadgpu import api_tokens
 from nomadgpu.models import ApiToken, Role
@@ -266,14 +266,14 @@ def test_events_after_a_cursor_are_only_the_newer_ones(client, cast):
     job = JobFactory(team=cast.team_a)
     now = timezone.now()
     for kind in ("submitted", "renting", "rented"):
-        services.record_event(job.pk, now=now, kind=kind)
+        lifecycle.record_event(job.pk, now=now, kind=kind)
     headers = bearer(cast.member)
 
     everything = client.get(f"/api/jobs/{job.pk}/events", **headers).json()
     nothing_new = client.get(
         f"/api/jobs/{job.pk}/events?after={everything['cursor']}", **headers
     ).json()
-    services.record_event(job.pk, now=now, kind="running")
+    lifecycle.record_event(job.pk, now=now, kind="running")
     newer = client.get(f"/api/jobs/{job.pk}/events?after={everything['cursor']}", **headers).json()
 
     assert [e["kind"] for e in everything["events"]] == ["submitted", "renting", "rented"]

@@ -7,16 +7,36 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobs import portal
+from portal import figures as portal
 from tests.factories import JobFactory, make_attempt
 
 NOW = datetime(2026, 3, 1, 0, 30, tzinfo=UTC)
 
 
-def test_eta_is_remaining_steps_times_seconds_per_step():
-    assert portal.Progress(step=100, total=300, seconds_per_step=4.0).eta_s == 800
-    assert portal.Progress(step=100, total=300, seconds_per_step=None).eta_s is None
-    assert portal.Progress(step=None, total=300, seconds_per_step=4.0).percent is None
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("state", "step", "seconds_per_step", "eta_s", "percent"),
+    [
+        ("running", 100, 4.0, 800, pytest.approx(100 / 3)),
+        ("running", 100, None, None, pytest.approx(100 / 3)),
+        ("starting", None, 4.0, None, None),
+        ("recovering", 100, 4.0, None, pytest.approx(100 / 3)),  # no ETA without a host
+    ],
+)
+def test_eta_is_remaining_steps_times_seconds_per_step_while_training(
+    state, step, seconds_per_step, eta_s, percent
+):
+    job = JobFactory(total_steps=300)
+    make_attempt(job, state="running", step=step, seconds_per_step=seconds_per_step)
+    job.state = state
+    job.save(update_fields=["state"])
+
+    row = portal.job_row(
+        portal.with_portal_data(job.__class__.objects.filter(pk=job.pk)).get(), now=NOW
+    )
+
+    assert row.progress.eta_s == eta_s
+    assert row.progress.percent == percent
 
 
 @pytest.mark.django_db
@@ -66,13 +86,3 @@ def test_spend_series_picks_a_readable_time_unit():
     assert series[0] == (0.0, 0.0)
     assert series[-1][0] == pytest.approx(120.0)
     assert series[-1][1] == pytest.approx(1.0)
-
-
-@pytest.mark.parametrize(
-    ("seconds", "shown"),
-    [(None, "—"), (45.4, "45 s"), (720, "12 min"), (7500, "2 h 05 min")],
-)
-def test_eta_reads_in_the_largest_sensible_unit(seconds, shown):
-    from jobs.templatetags.portal_tags import duration
-
-    assert duration(seconds) == shown

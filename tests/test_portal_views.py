@@ -12,9 +12,9 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from jobs.forms import spec_to_initial
 from jobs.models import Checkpoint, Interruption, Job, JobEvent, LossPoint
 from jobs.spec import template_spec
+from portal.forms import spec_to_initial
 from tests.factories import JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
@@ -69,7 +69,7 @@ def test_job_list_shows_progress_eta_spend_host_and_interruptions(member_client,
     assert "<html" in html
     assert 'value="120"' in html
     assert "120/300" in html
-    assert "90 s" in html  # (300 - 120) steps x 0.5 s, shown rounded
+    assert "1 min 30 s" in html  # (300 - 120) steps x 0.5 s (nomadgpu.humanize.duration)
     assert "RTX 4090" in html
     assert 'hx-trigger="every 3s"' in html
 
@@ -430,7 +430,7 @@ def test_checkpoint_download_streams_the_object(member_client, cast, settings, t
 
 
 def test_encrypted_checkpoint_is_decrypted_on_download(member_client, cast, settings, tmp_path):
-    from jobs.agent_services import new_data_key
+    from nomadgpu.crypto import new_data_key
 
     job, attempt = running_job(cast.team_a, encrypt_checkpoints=True, data_key=new_data_key())
     payload = bytes(range(256)) * 40_000  # ~10 MB: several 4 MiB chunks

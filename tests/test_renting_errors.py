@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from agent.build import build_zipapp
 from hosts.vast import VastClient
-from jobs import renting
+from jobs import lifecycle, renting
 from jobs.models import AttemptState, JobEvent
 from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS
 from tests.factories import JobFactory
@@ -31,7 +31,7 @@ def test_an_error_while_renting_closes_the_attempt_at_once_and_the_job_is_rented
 
     with monkeypatch.context() as patch:
         patch.setattr(renting, "render_bootstrap", broken_build)
-        attempt = renting.plan_rent(job.pk, now=now)
+        attempt = lifecycle.plan_rent(job.pk, now=now)
         with VastClient(DEFAULT_KEY, sandbox.url) as client:
             assert renting.rent(attempt.pk, now=now, client=client) == "no-offers"
             assert client.list_instances() == []  # nothing was created, so nothing bills
@@ -44,7 +44,7 @@ def test_an_error_while_renting_closes_the_attempt_at_once_and_the_job_is_rented
     assert "FileNotFoundError" in said
 
     later = now + timedelta(seconds=15)
-    retry = renting.plan_rent(job.pk, now=later)
+    retry = lifecycle.plan_rent(job.pk, now=later)
     with VastClient(DEFAULT_KEY, sandbox.url) as client:
         assert renting.rent(retry.pk, now=later, client=client) == "rented"
     assert retry.number == 2
@@ -55,7 +55,7 @@ def test_an_account_without_credit_stops_renting_and_tells_the_admin_to_top_up(s
     broke = sandbox_factory("--credit", "0")
     job = JobFactory(requirements=FIELD_REPORT_REQUIREMENTS)
     now = timezone.now()
-    attempt = renting.plan_rent(job.pk, now=now)
+    attempt = lifecycle.plan_rent(job.pk, now=now)
     creates = []
     with VastClient(DEFAULT_KEY, broke.url) as client:
         real = client.create_instance
@@ -81,7 +81,7 @@ def test_a_contract_created_stopped_is_destroyed_at_once_and_the_reason_kept(san
     # A bid under min_bid: Vast creates the instance stopped and answers success: false.
     job = JobFactory(requirements=FIELD_REPORT_REQUIREMENTS)
     now = timezone.now()
-    attempt = renting.plan_rent(job.pk, now=now)
+    attempt = lifecycle.plan_rent(job.pk, now=now)
     with VastClient(DEFAULT_KEY, sandbox.url) as client:
         real = client.create_instance
 
@@ -112,7 +112,7 @@ def test_the_bootstrap_fits_vasts_create_limits(settings, tmp_path):
     script = render_bootstrap(attempt, token="t" * 64)
 
     assert len(script) <= 4096, len(script)
-    assert len(renting.label_for(job, 9_999)) <= 256
+    assert len(lifecycle.label_for(job, 9_999)) <= 256
 
 
 def _build_many(path: str, barrier, times: int) -> None:

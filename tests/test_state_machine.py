@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobs import losses, services
+from jobs import lifecycle
 from jobs.models import Attempt, Interruption, JobEvent, JobState
 from jobs.watchdog import Loss
 from tests.factories import JobFactory, make_attempt
@@ -18,7 +18,7 @@ NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 def test_a_transition_moves_the_state_and_writes_an_event():
     job = JobFactory(state=JobState.QUEUED)
 
-    event = services.transition(job.pk, JobState.RENTING, now=NOW, kind="renting")
+    event = lifecycle.transition(job.pk, JobState.RENTING, now=NOW, kind="renting")
 
     job.refresh_from_db()
     assert job.state == JobState.RENTING
@@ -38,8 +38,8 @@ def test_a_transition_moves_the_state_and_writes_an_event():
 def test_an_illegal_transition_is_refused(start, to):
     job = JobFactory(state=start)
 
-    with pytest.raises(services.IllegalTransition) as refused:
-        services.transition(job.pk, to, now=NOW, kind="x")
+    with pytest.raises(lifecycle.IllegalTransition) as refused:
+        lifecycle.transition(job.pk, to, now=NOW, kind="x")
 
     job.refresh_from_db()
     assert job.state == start
@@ -52,12 +52,12 @@ def test_a_loss_closes_the_attempt_records_an_interruption_and_destroys_after_co
 ):
     destroyed = []
     monkeypatch.setattr(
-        "jobs.tasks.destroy_instance.delay", lambda team, instance: destroyed.append(instance)
+        "jobs.lifecycle.send_task", lambda task, team, instance: destroyed.append((task, instance))
     )
     attempt, _ = make_attempt(state="running", instance_id=4242, machine_id=77, step=150)
 
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
-        assert losses.handle_loss(Loss(attempt.pk, "provider_gone"), now=NOW)
+        assert lifecycle.handle_loss(Loss(attempt.pk, "provider_gone"), now=NOW)
         assert destroyed == []  # not before commit
     for callback in callbacks:
         callback()
@@ -69,30 +69,30 @@ def test_a_loss_closes_the_attempt_records_an_interruption_and_destroys_after_co
     assert job.state == JobState.RECOVERING
     assert job.avoid_machine_ids == [77]
     assert Interruption.objects.get(attempt=attempt).step_reached == 150
-    assert destroyed == [4242]
+    assert destroyed == [("jobs.tasks.destroy_instance", 4242)]
 
 
 def test_a_second_loss_report_for_the_same_attempt_does_nothing(monkeypatch):
-    monkeypatch.setattr("jobs.tasks.destroy_instance.delay", lambda *a: None)
+    monkeypatch.setattr("jobs.lifecycle.send_task", lambda *a: None)
     attempt, _ = make_attempt(state="running", instance_id=1)
 
-    first = losses.handle_loss(Loss(attempt.pk, "heartbeat_timeout"), now=NOW)
-    second = losses.handle_loss(Loss(attempt.pk, "provider_gone"), now=NOW)
+    first = lifecycle.handle_loss(Loss(attempt.pk, "heartbeat_timeout"), now=NOW)
+    second = lifecycle.handle_loss(Loss(attempt.pk, "provider_gone"), now=NOW)
 
     assert (first, second) == (True, False)
     assert Interruption.objects.filter(attempt=attempt).count() == 1
 
 
 def test_running_again_closes_the_interruption_with_the_resumed_step(monkeypatch):
-    monkeypatch.setattr("jobs.tasks.destroy_instance.delay", lambda *a: None)
+    monkeypatch.setattr("jobs.lifecycle.send_task", lambda *a: None)
     lost, _ = make_attempt(state="running", instance_id=1)
-    losses.handle_loss(Loss(lost.pk, "provider_gone"), now=NOW)
+    lifecycle.handle_loss(Loss(lost.pk, "provider_gone"), now=NOW)
     job = lost.job
-    services.transition(job.pk, JobState.RENTING, now=NOW, kind="renting")
-    services.transition(job.pk, JobState.STARTING, now=NOW, kind="rented")
+    lifecycle.transition(job.pk, JobState.RENTING, now=NOW, kind="renting")
+    lifecycle.transition(job.pk, JobState.STARTING, now=NOW, kind="rented")
     new, _ = make_attempt(job, number=2, state="starting", resumed_from_step=100)
 
-    losses.mark_running(new, now=NOW + timedelta(minutes=5))
+    lifecycle.mark_running(new, now=NOW + timedelta(minutes=5))
 
     interruption = Interruption.objects.get(attempt=lost)
     job.refresh_from_db()
@@ -103,10 +103,10 @@ def test_running_again_closes_the_interruption_with_the_resumed_step(monkeypatch
 
 
 def test_a_nonzero_exit_fails_the_job_and_rents_nothing(monkeypatch):
-    monkeypatch.setattr("jobs.tasks.destroy_instance.delay", lambda *a: None)
+    monkeypatch.setattr("jobs.lifecycle.send_task", lambda *a: None)
     attempt, _ = make_attempt(state="running", instance_id=1, log_tail="ValueError: boom")
 
-    losses.handle_exit(attempt, exit_code=3, reason="failed", now=NOW)
+    lifecycle.handle_exit(attempt, exit_code=3, reason="failed", now=NOW)
 
     job = attempt.job
     job.refresh_from_db()
@@ -116,10 +116,10 @@ def test_a_nonzero_exit_fails_the_job_and_rents_nothing(monkeypatch):
 
 
 def test_exit_zero_finishes_the_job(monkeypatch):
-    monkeypatch.setattr("jobs.tasks.destroy_instance.delay", lambda *a: None)
+    monkeypatch.setattr("jobs.lifecycle.send_task", lambda *a: None)
     attempt, _ = make_attempt(state="running", instance_id=1, step=300)
 
-    losses.handle_exit(attempt, exit_code=0, reason="finished", now=NOW)
+    lifecycle.handle_exit(attempt, exit_code=0, reason="finished", now=NOW)
 
     attempt.job.refresh_from_db()
     assert attempt.job.state == JobState.SUCCEEDED
@@ -127,30 +127,30 @@ def test_exit_zero_finishes_the_job(monkeypatch):
 
 
 def test_cancel_during_recovery_marks_the_interruption(monkeypatch):
-    monkeypatch.setattr("jobs.tasks.destroy_instance.delay", lambda *a: None)
+    monkeypatch.setattr("jobs.lifecycle.send_task", lambda *a: None)
     attempt, _ = make_attempt(state="running", instance_id=1)
-    losses.handle_loss(Loss(attempt.pk, "provider_gone"), now=NOW)
+    lifecycle.handle_loss(Loss(attempt.pk, "provider_gone"), now=NOW)
 
-    losses.cancel_job(attempt.job_id, now=NOW)
+    lifecycle.cancel_job(attempt.job_id, now=NOW)
 
     assert Interruption.objects.get(attempt=attempt).cancelled_before_recovery
 
 
 def test_a_job_with_script_retries_runs_a_failing_command_again_then_fails(monkeypatch):
-    monkeypatch.setattr("jobs.tasks.destroy_instance.delay", lambda *a: None)
+    monkeypatch.setattr("jobs.lifecycle.send_task", lambda *a: None)
     job = JobFactory(max_script_retries=1)
     first, _ = make_attempt(job, state="running", instance_id=1)
 
-    losses.handle_exit(first, exit_code=2, reason="failed", now=NOW)
+    lifecycle.handle_exit(first, exit_code=2, reason="failed", now=NOW)
     job.refresh_from_db()
     assert job.state == JobState.RECOVERING
     assert job.events.filter(kind="script_retry").count() == 1
     assert job.avoid_machine_ids == []  # not the host's fault
 
-    services.transition(job.pk, JobState.RENTING, now=NOW, kind="renting")
-    services.transition(job.pk, JobState.STARTING, now=NOW, kind="rented")
+    lifecycle.transition(job.pk, JobState.RENTING, now=NOW, kind="renting")
+    lifecycle.transition(job.pk, JobState.STARTING, now=NOW, kind="rented")
     second, _ = make_attempt(job, number=2, state="running", instance_id=2)
-    losses.handle_exit(second, exit_code=2, reason="failed", now=NOW)
+    lifecycle.handle_exit(second, exit_code=2, reason="failed", now=NOW)
 
     job.refresh_from_db()
     assert job.state == JobState.FAILED

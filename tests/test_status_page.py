@@ -14,7 +14,6 @@ from django.core.cache import cache
 from jobs.models import Interruption, JobState
 from jobs.watchdog import poll_providers
 from nomadgpu.models import Role, ServiceHeartbeat
-from statuspage.templatetags.status_tags import duration
 from tests.factories import JobFactory, MembershipFactory, TeamFactory, make_attempt
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -334,12 +333,3 @@ def test_the_team_page_links_the_status_page_only_when_public(client, cast):
         '<a href="/status/team-a/">Public status page</a>'
         in client.get("/teams/team-a/").content.decode()
     )
-
-
-@pytest.mark.parametrize(
-    ("seconds", "text"),
-    [(None, "no data"), (45, "45 s"), (60, "1 min"), (89, "1 min"), (90, "2 min"),
-     (480, "8 min"), (3600, "1 h"), (3900, "1 h 5 min")],
-)  # fmt: skip
-def test_durations_read_as_people_say_them(seconds, text):
-    assert duration(seconds) == text

@@ -118,7 +118,7 @@ def test_visible_to_narrows_any_queryset_to_member_teams(cast):
 def test_admin_cancel_action_cancels_a_running_job(client, cast, monkeypatch):
     from tests.factories import make_attempt
 
-    monkeypatch.setattr("jobs.tasks.destroy_instance.delay", lambda *a: None)
+    monkeypatch.setattr("jobs.lifecycle.send_task", lambda *a: None)
     attempt, _ = make_attempt(JobFactory(team=cast.team_a), state="running", instance_id=5)
     client.force_login(cast.admin)
 

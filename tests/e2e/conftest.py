@@ -15,7 +15,7 @@ import pytest
 from django.conf import settings
 
 from hosts.vast import RetryPolicy, VastClient, VastError
-from jobs import services
+from jobs import lifecycle
 from jobs.models import Attempt, AttemptState, Checkpoint, Interruption, Job
 from jobs.tasks import watchdog_tick
 from tests.factories import TeamFactory, UserFactory
@@ -52,7 +52,7 @@ class Supervisor:
             "profile": {"image_gb": 3.0, "model_gb": 0.0, "upload_gb": 0.01},
             **overrides,
         }
-        return services.submit_job(
+        return lifecycle.submit_job(
             team=self.team, created_by=self.user, now=timezone.now(), **fields
         )
 
@@ -122,7 +122,7 @@ def supervisor(live_server, settings, sandbox, tmp_path, celery_worker_thread):
 @pytest.fixture
 def enforcer(supervisor):
     """Stands in for beat's billing-enforce entry at the e2e cadence (through the broker)."""
-    from billing.tasks import enforce_budgets
+    from jobs.tasks import enforce_budgets
 
     stop = threading.Event()
 
@@ -191,7 +191,7 @@ def wait_state(job: Job, *states: str, timeout: float = 90) -> str:
         state = state_of(job)
         if state in states:
             return state
-        if services.is_terminal(state):
+        if lifecycle.is_terminal(state):
             pytest.fail(f"job {job.pk} ended {state} ({job.failure_reason}), wanted {states}")
         return None
 

@@ -9,8 +9,8 @@ import pytest
 from django.utils import timezone
 
 from billing.models import BudgetPause
-from billing.services import resume_job
 from billing.spend import job_spend
+from jobs.lifecycle import resume_job
 from jobs.models import Checkpoint, Job, JobState
 from tests.e2e.conftest import (
     FIELD_REPORT_REQUIREMENTS,
@@ -68,7 +68,7 @@ def test_a_job_reaching_its_budget_checkpoints_is_released_and_resumes(
     assert job_spend(job, now=timezone.now()).total <= 0.01
 
     Job.objects.filter(pk=job.pk).update(budget_usd=Decimal("1.00"))
-    resume_job(job, by="the e2e test", now=timezone.now())
+    resume_job(job.pk, by="the e2e test", now=timezone.now())
 
     wait_state(job, JobState.SUCCEEDED, timeout=120)
     second = job.attempts.order_by("-number").first()

@@ -18,7 +18,7 @@ import pytest
 from django.utils import timezone
 
 from hosts.vast import ProviderUnreachable, VastClient
-from jobs import losses, renting, tasks
+from jobs import lifecycle, renting
 from jobs.models import Checkpoint, Interruption, JobEvent, JobState
 from nomadgpu.models import ServiceHeartbeat
 from nomadgpu.storage import object_store
@@ -314,7 +314,7 @@ def test_training_that_stops_making_progress_is_a_lost_host(supervisor):
         timeout=30,
         what="the stalled host to be destroyed",
     )
-    losses.cancel_job(job.pk, now=timezone.now(), by="the test")
+    lifecycle.cancel_job(job.pk, now=timezone.now(), by="the test")
     wait_released(supervisor, job)
 
 
@@ -396,16 +396,16 @@ def test_an_instance_created_by_a_worker_that_died_is_adopted_by_its_label(
     # Long enough that the new host asks for its agent before the adoption (production waits
     # 30 s): the bootstrap is turned away until then and keeps trying.
     settings.ADOPT_AFTER_S = 3
-    real_record = renting.record_rented
+    real_record = lifecycle.mark_rented
     died: list[int] = []
 
-    def record_rented(attempt_id, **kwargs):
+    def mark_rented(attempt_id, **kwargs):
         if not died:  # the worker dies once, after the provider created the instance
             died.append(kwargs["instance_id"])
             raise RuntimeError("worker killed before saving the instance id (test)")
         return real_record(attempt_id, **kwargs)
 
-    monkeypatch.setattr(renting, "record_rented", record_rented)
+    monkeypatch.setattr(lifecycle, "mark_rented", mark_rented)
     with InstanceWatch(supervisor.sandbox) as watch:
         job = submit(supervisor, SHORT)
         wait_until(lambda: died, timeout=30, what="the renting worker to die")
@@ -429,16 +429,16 @@ def test_an_instance_created_by_a_worker_that_died_is_adopted_by_its_label(
 def test_a_lost_rent_message_is_sent_again(supervisor, monkeypatch):
     # Celery only nudges: a rent message lost on its way (the filesystem broker can drop one
     # whose file it reads before it was written) must not leave the job planned forever.
-    real_delay = tasks.rent_attempt.delay
+    real_send = lifecycle.send_task
     dropped: list[int] = []
 
-    def delay(attempt_id):
-        if not dropped:
-            dropped.append(attempt_id)
+    def send_task(task_name, *args):
+        if task_name == lifecycle.RENT_TASK and not dropped:
+            dropped.append(args[0])
             return None
-        return real_delay(attempt_id)
+        return real_send(task_name, *args)
 
-    monkeypatch.setattr(tasks.rent_attempt, "delay", delay)
+    monkeypatch.setattr(lifecycle, "send_task", send_task)
     job = submit(supervisor, SHORT)
     wait_until(lambda: dropped, timeout=10, what="the first rent message to be dropped")
     wait_state(job, JobState.SUCCEEDED, timeout=60)

@@ -75,7 +75,7 @@ def test_submit_follow_runs_the_toy_job_to_success_on_the_sandbox(
     assert len(steps) >= 3, out  # the bar moved while training, not only at the end
     assert steps == sorted(steps)
     assert steps[-1] == 300
-    assert re.search(r"\] \d+/300 +\d+%  ETA \d+s  running", out)
+    assert re.search(r"\] \d+/300 +\d+%  ETA \d+ s  running", out)
     assert out.splitlines()[-1].startswith(f"job {job.pk} succeeded; spent $")
 
 
@@ -94,7 +94,7 @@ def test_drill_destroys_the_host_and_reports_the_recovery(supervisor, live_serve
     interruption = Interruption.objects.get(attempt=first)
     assert interruption.running_again_at is not None
     assert f"resumed from step {interruption.resumed_step}" in out
-    assert re.search(r"detected after \d+s, replacement rented after \d+s, training again", out)
+    assert re.search(r"detected after \d+ s, replacement rented after \d+ s, training again", out)
     wait_until(
         lambda: supervisor.sandbox.status(first.instance_id) is None,
         timeout=30,

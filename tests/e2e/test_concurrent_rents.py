@@ -19,7 +19,7 @@ def test_three_jobs_submitted_at_once_on_a_fresh_deploy_all_start(
 ):
     from django.utils import timezone
 
-    from jobs import services
+    from jobs import lifecycle
     from tests.factories import TeamFactory, UserFactory
 
     settings.SITE_URL = live_server.url
@@ -42,7 +42,7 @@ def test_three_jobs_submitted_at_once_on_a_fresh_deploy_all_start(
     team, user = TeamFactory(slug="fresh"), UserFactory(username="fresh")
     steps = toy_env(steps=400, every=100, step_seconds=0.05)
     jobs = [
-        services.submit_job(
+        lifecycle.submit_job(
             team=team, created_by=user, now=timezone.now(), name=f"toy-{n}",
             image="pytorch/pytorch:2.4.0-cuda12.4-cudnn9-runtime", command=TOY, env=steps,
             total_steps=400, heartbeat_interval_s=1, requirements=FIELD_REPORT_REQUIREMENTS,

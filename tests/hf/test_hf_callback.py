@@ -27,7 +27,7 @@ import agent
 from agent.hf import NomadCallback
 from hosts import selection
 from jobs import renting
-from jobs.services import submit_job
+from jobs.lifecycle import submit_job
 from tests.agent_fake_supervisor import ROOT, FakeJob, FakeS3, FakeSupervisor, start_agent
 from tests.test_agent_runtime import steps_seen, tar_members
 from tests.test_selection import load_market

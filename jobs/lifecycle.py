@@ -1,0 +1,563 @@
+"""The job state machine: every transition is one function here, and only here.
+
+Each claims the job row with a guarded update (``filter(pk=, state__in=allowed).update(...)``,
+exactly one row or the transition is refused), writes a ``JobEvent``, and defers side effects
+(provider calls, renting) with ``transaction.on_commit`` so nothing happens for a transaction
+that rolled back. Illegal transitions raise ``IllegalTransition``; they are never ignored.
+
+    queued → renting → starting → running → (recovering → renting …)
+           → succeeded | failed | cancelled | paused_budget
+
+Who moves a job, and when:
+- submit (``submit_job``) and resume (``resume_job``) queue it and plan its first rent;
+- ``plan_rent`` commits the next attempt (renting), asked by submit, resume, the watchdog for
+  every job that needs a host, and a loss; ``mark_rented`` records the instance (starting);
+- the agent's heartbeats report training (``mark_running``) and the command's end
+  (``handle_exit``); the watchdog and the agent API report a lost host (``handle_loss``: the
+  job recovers and the watchdog's next pass plans the replacement), a contract about to end
+  (``move_before_contract_end``);
+- people cancel (``cancel_job``); spending limits pause (``enforce_budgets``, and a rent the
+  budget refuses while recovering). Billing decides those through ``jobs.spending`` verdicts;
+  only this module acts on them.
+
+Tasks are sent by name after commit (``enqueue``): this module never imports ``jobs.tasks``,
+which imports it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from functools import partial
+
+from celery import current_app
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F, Max
+
+from hosts.models import Machine
+from jobs import spending
+from jobs.models import (
+    Attempt,
+    AttemptState,
+    Checkpoint,
+    Interruption,
+    Job,
+    JobEvent,
+    JobState,
+)
+from jobs.spending import BudgetAction, BudgetExceeded
+from nomadgpu.crypto import new_data_key
+
+logger = logging.getLogger(__name__)
+
+S = JobState
+TERMINAL = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
+NEEDS_HOST = (S.QUEUED, S.RENTING, S.RECOVERING)
+ALLOWED_FROM: dict[str, frozenset[str]] = {
+    S.RENTING: frozenset({S.QUEUED, S.RECOVERING, S.RENTING}),
+    S.STARTING: frozenset({S.RENTING}),
+    S.RUNNING: frozenset({S.STARTING}),
+    S.RECOVERING: frozenset({S.STARTING, S.RUNNING}),
+    S.SUCCEEDED: frozenset({S.STARTING, S.RUNNING}),
+    S.FAILED: frozenset({S.QUEUED, S.RENTING, S.STARTING, S.RUNNING, S.RECOVERING}),
+    S.CANCELLED: frozenset(
+        {S.QUEUED, S.RENTING, S.STARTING, S.RUNNING, S.RECOVERING, S.PAUSED_BUDGET}
+    ),
+    S.PAUSED_BUDGET: frozenset({S.QUEUED, S.RENTING, S.STARTING, S.RUNNING, S.RECOVERING}),
+    S.QUEUED: frozenset({S.PAUSED_BUDGET}),
+}
+ON_HOST = [AttemptState.STARTING, AttemptState.RUNNING]
+OPEN = [*ON_HOST, AttemptState.PLANNED, AttemptState.REQUESTED]
+
+RENT_TASK = "jobs.tasks.rent_attempt"
+DESTROY_TASK = "jobs.tasks.destroy_instance"
+
+
+class IllegalTransition(Exception):
+    """The job is not in a state from which this transition is allowed."""
+
+    def __init__(self, job_id: int, to: str, current: str | None) -> None:
+        self.job_id, self.to, self.current = job_id, to, current
+        super().__init__(f"job {job_id} cannot go to {to} from {current or 'nowhere'}")
+
+
+@dataclass(frozen=True)
+class Loss:
+    """An attempt whose host is lost, and why (the cause names one of the loss conditions)."""
+
+    attempt_id: int
+    cause: str
+    detail: str = ""
+
+
+# --- The machinery ---------------------------------------------------------------------------
+
+
+def transition(
+    job_id: int,
+    to: str,
+    *,
+    now: datetime,
+    kind: str,
+    message: str = "",
+    data: dict | None = None,
+    **fields,
+) -> JobEvent:
+    """Move JOB_ID to TO if its current state allows it; record why; return the event.
+
+    Must run inside a transaction (the caller's), so the state, the event and any deferred
+    side effects commit together.
+    """
+    claimed = Job.objects.filter(pk=job_id, state__in=ALLOWED_FROM[to]).update(
+        state=to, updated_at=now, **fields
+    )
+    if claimed != 1:
+        current = Job.objects.filter(pk=job_id).values_list("state", flat=True).first()
+        raise IllegalTransition(job_id, to, current)
+    return JobEvent.objects.record(job_id, now=now, kind=kind, message=message, data=data)
+
+
+def record_event(job_id: int, *, now: datetime, kind: str, message: str = "", **data) -> JobEvent:
+    """An event that does not change state (no offers, budget warning, checkpoint ready)."""
+    return JobEvent.objects.record(job_id, now=now, kind=kind, message=message, data=data)
+
+
+def is_terminal(state: str) -> bool:
+    """The job has ended for good (succeeded, failed or cancelled)."""
+    return state in TERMINAL
+
+
+def after_commit(func, *args, **kwargs) -> None:
+    """Run FUNC once the current transaction commits (side effects never precede the state)."""
+    transaction.on_commit(partial(func, *args, **kwargs))
+
+
+def enqueue(task_name: str, *args) -> None:
+    """Send the Celery task TASK_NAME with ARGS once the current transaction commits. Robust:
+    a broker that is down must not undo the commit; the watchdog's nudges and the orphan reaper
+    pick up what a lost message leaves behind."""
+    transaction.on_commit(partial(send_task, task_name, *args), robust=True)
+
+
+def send_task(task_name: str, *args) -> None:
+    """Send the Celery task TASK_NAME with ARGS now (outside a transaction)."""
+    current_app.send_task(task_name, args=args)
+
+
+def request_checkpoint(attempt_id: int) -> None:
+    """Have ATTEMPT_ID's next heartbeat answer ``checkpoint_now``; a pending ``stop`` (a fenced
+    agent) is never replaced by it."""
+    Attempt.objects.filter(pk=attempt_id, pending_command="").update(
+        pending_command="checkpoint_now"
+    )
+
+
+# --- Submit, rent, rented ----------------------------------------------------------------------
+
+
+def submit_job(*, team, created_by, now: datetime, **fields) -> Job:
+    """Create a queued job and plan its rent after commit (the watchdog would find it too).
+
+    Raises ``BudgetExceeded`` (nothing created) when the spending gate refuses it: the job's
+    estimated cost would cross a limit and the submitter did not ask to wait for the budget.
+    A job that encrypts its checkpoints gets its data key here."""
+    with transaction.atomic():
+        job = Job.objects.create(
+            team=team, created_by=created_by, state=S.QUEUED, created_at=now, **fields
+        )
+        if job.encrypt_checkpoints and not job.data_key:
+            job.data_key = new_data_key()
+            job.save(update_fields=["data_key"])
+        verdict = spending.gate().admit(job, now=now)
+        if not verdict.allowed:
+            raise BudgetExceeded(verdict.reason)
+        record_event(job.pk, now=now, kind="submitted", message=f"submitted by {created_by}")
+        after_commit(plan_rent, job.pk, now=now)
+    return job
+
+
+def label_for(job: Job, number: int) -> str:
+    """The instance label of JOB's attempt NUMBER: how a lost create is found again."""
+    return f"ngpu:{settings.NOMADGPU_ENV}:{job.pk}:{number}"
+
+
+def plan_rent(job_id: int, *, now: datetime) -> Attempt | None:
+    """Commit the next attempt row for a job that needs a host (the job is then renting) and
+    send the rent task; None when none is needed, another worker planned it, or the spending
+    gate refuses (the job then waits, or is paused while recovering)."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(pk=job_id, state__in=NEEDS_HOST).first()
+        if job is None or (job.next_rent_at and job.next_rent_at > now):
+            return None
+        if job.attempts.live().exists():
+            return None
+        verdict = spending.gate().reserve(job, now=now)
+        if not verdict.allowed:
+            _refused_rent(job, verdict, now=now)
+            return None
+        number = (job.attempts.aggregate(n=Max("number"))["n"] or 0) + 1
+        try:
+            with transaction.atomic():
+                attempt = Attempt.objects.create(
+                    job=job, number=number, label=label_for(job, number), created_at=now
+                )
+        except IntegrityError:
+            return None  # another worker planned this job's attempt first
+        if job.state != S.RENTING:
+            transition(job.pk, S.RENTING, now=now, kind="renting")
+        enqueue(RENT_TASK, attempt.pk)
+    return attempt
+
+
+def _refused_rent(job: Job, verdict: spending.Verdict, *, now: datetime) -> None:
+    """A rent the budget refuses: a job that lost its host and no longer fits is paused (it
+    shows as paused_budget and an admin resumes it after raising the limit, or in a new
+    period); any other waits and asks again after the verdict's RETRY_AFTER_S."""
+    if verdict.pause:
+        release_job(
+            job.pk,
+            to=S.PAUSED_BUDGET,
+            now=now,
+            kind="budget_paused",
+            reason="budget",
+            message=f"paused while recovering: {verdict.reason}; raise the limit and resume",
+            data={"blocker": verdict.reason},
+        )
+        return
+    Job.objects.filter(pk=job.pk).update(
+        next_rent_at=now + timedelta(seconds=verdict.retry_after_s)
+    )
+    last = job.events.filter(kind__in=["budget_wait", "rented", "renting"]).order_by("-id").first()
+    if last is None or last.kind != "budget_wait":
+        record_event(job.pk, now=now, kind="budget_wait", message=f"waiting: {verdict.reason}")
+
+
+def mark_rented(
+    attempt_id: int, *, fields: dict, instance_id: int, decision: dict, now: datetime
+) -> bool:
+    """Store the created (or adopted) instance on the attempt; move the job to starting. False
+    when the attempt was closed meanwhile (cancelled): the instance is destroyed after commit."""
+    with transaction.atomic():
+        claimed = Attempt.objects.filter(pk=attempt_id, state=AttemptState.REQUESTED).update(
+            state=AttemptState.STARTING,
+            instance_id=instance_id,
+            rented_at=now,
+            decision=decision,
+            **fields,
+        )
+        attempt = Attempt.objects.select_related("job").get(pk=attempt_id)
+        if not claimed:
+            enqueue(DESTROY_TASK, attempt.job.team_id, instance_id)
+            return False
+        start_deadline = now + timedelta(seconds=attempt.job.start_timeout_s)
+        Attempt.objects.filter(pk=attempt_id).update(heartbeat_deadline=start_deadline)
+        Job.objects.filter(pk=attempt.job_id).update(next_rent_at=None, rent_backoff_s=0)
+        Interruption.objects.filter(job_id=attempt.job_id, replacement_rented_at=None).update(
+            replacement_rented_at=now
+        )
+        _note_machine_rented(attempt)
+        transition(
+            attempt.job_id,
+            S.STARTING,
+            now=now,
+            kind="rented",
+            message=f"rented instance {instance_id} "
+            f"({attempt.gpu_name or 'adopted'}, ${attempt.dph_base:.3f}/h)",
+            data={"instance_id": instance_id, "offer_id": attempt.offer_id},
+        )
+    return True
+
+
+def _note_machine_rented(attempt: Attempt) -> None:
+    if attempt.machine_id is None:
+        return
+    machine, _ = Machine.objects.get_or_create(
+        machine_id=attempt.machine_id, defaults={"gpu_name": attempt.gpu_name}
+    )
+    Machine.objects.filter(pk=machine.pk).update(
+        rentals=F("rentals") + 1, last_seen_at=attempt.rented_at
+    )
+
+
+# --- Attempts ending ---------------------------------------------------------------------------
+
+
+def close_attempt(attempt_id: int, *, reason: str, now: datetime, states=None) -> Attempt | None:
+    """Guarded close (which also kills the attempt's token: its agent gets 410 from then on):
+    the attempt if this call ended it, None if it had already ended. Its instance is destroyed
+    after commit."""
+    claimed = Attempt.objects.filter(pk=attempt_id, state__in=states or OPEN).update(
+        state=AttemptState.ENDED, end_reason=reason[:40], ended_at=now, pending_command=""
+    )
+    if not claimed:
+        return None
+    attempt = Attempt.objects.select_related("job").get(pk=attempt_id)
+    if attempt.instance_id is not None:
+        enqueue(DESTROY_TASK, attempt.job.team_id, attempt.instance_id)
+    return attempt
+
+
+def handle_loss(loss: Loss, *, now: datetime) -> bool:
+    """The host of LOSS.attempt_id is lost: record it, release it; the job recovers, and the
+    watchdog's next pass plans the replacement (``plan_rent``, with the machine avoided)."""
+    with transaction.atomic():
+        attempt = close_attempt(loss.attempt_id, reason=loss.cause, now=now, states=ON_HOST)
+        if attempt is None:
+            return False
+        last_ready = Checkpoint.objects.filter(job_id=attempt.job_id).newest_ready_step()
+        Interruption.objects.create(
+            job_id=attempt.job_id,
+            attempt=attempt,
+            cause=loss.cause,
+            detail=loss.detail[:300],
+            last_heartbeat_at=attempt.last_heartbeat_at,
+            detected_at=now,
+            step_reached=attempt.step,
+        )
+        remember_bad_machine(attempt)
+        transition(
+            attempt.job_id,
+            S.RECOVERING,
+            now=now,
+            kind="host_lost",
+            message=f"host lost ({loss.cause}) "
+            + (f"at step {attempt.step}" if attempt.step is not None else "before training began")
+            + (f"; resumes from checkpoint {last_ready}" if last_ready else "; no checkpoint yet"),
+            data={"cause": loss.cause, "step": attempt.step, "last_checkpoint": last_ready},
+        )
+    return True
+
+
+def move_before_contract_end(attempt_id: int, *, now: datetime) -> bool:
+    """A planned move, not a loss: end the attempt before its host's contract runs out (no
+    ``Interruption``: nothing went wrong), keep the job off that host, and recover as after a
+    loss, from the newest checkpoint."""
+    with transaction.atomic():
+        attempt = close_attempt(
+            attempt_id, reason="contract_expiring", now=now, states=[AttemptState.RUNNING]
+        )
+        if attempt is None:
+            return False
+        last_ready = Checkpoint.objects.filter(job_id=attempt.job_id).newest_ready_step()
+        avoid_machine(attempt)
+        ends_at = attempt.contract_ends_at
+        ends = f"{ends_at:%Y-%m-%d %H:%M} UTC" if ends_at else "soon"
+        transition(
+            attempt.job_id,
+            S.RECOVERING,
+            now=now,
+            kind="planned_move",
+            message=f"moved off its host before the contract ends ({ends}) at step "
+            f"{attempt.step}; resumes from checkpoint {last_ready}",
+            data={"step": attempt.step, "last_checkpoint": last_ready},
+        )
+    return True
+
+
+def avoid_machine(attempt: Attempt) -> None:
+    """Keep ATTEMPT's job off ATTEMPT's machine from now on."""
+    if attempt.machine_id is None:
+        return
+    job = Job.objects.select_for_update().get(pk=attempt.job_id)
+    if attempt.machine_id not in job.avoid_machine_ids:
+        Job.objects.filter(pk=job.pk).update(
+            avoid_machine_ids=[*job.avoid_machine_ids, attempt.machine_id]
+        )
+
+
+def remember_bad_machine(attempt: Attempt) -> None:
+    """Avoid this machine for this job, and count it against the machine for every job."""
+    if attempt.machine_id is None:
+        return
+    avoid_machine(attempt)
+    Machine.objects.filter(machine_id=attempt.machine_id).update(
+        interruptions=F("interruptions") + 1
+    )
+
+
+def mark_running(attempt: Attempt, *, now: datetime) -> None:
+    """The agent reports training running: the job runs (again); open interruptions close."""
+    with transaction.atomic():
+        claimed = Attempt.objects.filter(pk=attempt.pk, state=AttemptState.STARTING).update(
+            state=AttemptState.RUNNING, running_at=now
+        )
+        if not claimed:
+            return
+        still_open = Interruption.objects.filter(
+            job_id=attempt.job_id, running_again_at=None, cancelled_before_recovery=False
+        )
+        open_interruption = still_open.order_by("detected_at").first()
+        kind, message = "running", "training started"
+        if open_interruption is not None:
+            # A replacement lost before it ran leaves its predecessor's interruption open too:
+            # the job is back for all of them now, so all close (none stays open forever).
+            still_open.update(running_again_at=now, resumed_step=attempt.resumed_from_step or 0)
+            downtime = (now - open_interruption.detected_at).total_seconds()
+            kind = "running_again"
+            resumed = attempt.resumed_from_step or 0
+            message = f"running again after {downtime:.0f} s, resumed from step {resumed}"
+        transition(attempt.job_id, S.RUNNING, now=now, kind=kind, message=message)
+
+
+def handle_exit(attempt: Attempt, *, exit_code: int | None, reason: str, now: datetime) -> None:
+    """The training command ended. Success finishes the job; a non-zero exit is the user's bug:
+    the job fails and nothing is re-rented (moving hosts does not fix code), unless the job
+    allows ``max_script_retries`` more runs: then it restarts from its newest checkpoint."""
+    with transaction.atomic():
+        closed = close_attempt(attempt.pk, reason=f"exit {exit_code}", now=now, states=ON_HOST)
+        if closed is None or reason == "stopped":
+            return
+        Attempt.objects.filter(pk=closed.pk).update(exit_code=exit_code)
+        if exit_code == 0:
+            transition(
+                attempt.job_id,
+                S.SUCCEEDED,
+                now=now,
+                kind="finished",
+                message=f"finished at step {closed.step}",
+                final_step=closed.step,
+                finished_at=now,
+            )
+            return
+        details = {"exit_code": exit_code, "log_tail": closed.log_tail[-2000:]}
+        if script_retries_left(closed.job) > 0:
+            transition(
+                attempt.job_id,
+                S.RECOVERING,
+                now=now,
+                kind="script_retry",
+                message=f"the training command exited with {exit_code}; running it again",
+                data=details,
+            )
+        else:
+            transition(
+                attempt.job_id,
+                S.FAILED,
+                now=now,
+                kind="failed",
+                message=f"the training command exited with {exit_code}",
+                data=details,
+                failure_reason=f"exit code {exit_code}",
+                finished_at=now,
+            )
+
+
+def script_retries_left(job: Job) -> int:
+    """How many more times a failing command may run (failed exits so far vs the job's cap)."""
+    failed_exits = (
+        Attempt.objects.filter(job=job, end_reason__startswith="exit ")
+        .exclude(exit_code=None)
+        .exclude(exit_code=0)
+        .count()
+    )
+    return job.max_script_retries + 1 - failed_exits
+
+
+# --- People and limits stop jobs ----------------------------------------------------------------
+
+
+def cancel_job(job_id: int, *, now: datetime, by: str = "") -> None:
+    """Stop a job for good: release its machine, keep its checkpoints."""
+    release_job(
+        job_id,
+        to=S.CANCELLED,
+        now=now,
+        kind="cancelled",
+        message=f"cancelled {by}".strip(),
+        reason="cancelled",
+        finished_at=now,
+    )
+
+
+def release_job(
+    job_id: int,
+    *,
+    to: str,
+    now: datetime,
+    kind: str,
+    message: str,
+    reason: str,
+    data: dict | None = None,
+    **fields,
+) -> None:
+    """Move JOB_ID to TO and release its machine (cancel, budget pause): the guarded transition
+    first, then every live attempt closed (its instance destroyed after commit). Checkpoints are
+    kept; an interruption still open ends here, not with a recovery."""
+    with transaction.atomic():
+        transition(job_id, to, now=now, kind=kind, message=message, data=data, **fields)
+        for attempt_id in Attempt.objects.filter(job_id=job_id, state__in=OPEN).values_list(
+            "pk", flat=True
+        ):
+            close_attempt(attempt_id, reason=reason, now=now)
+        if to == S.CANCELLED:
+            # A budget pause leaves it open: the job resumes later and the interruption then
+            # closes as a recovery (a long one), which is what the status page should count.
+            Interruption.objects.filter(job_id=job_id, running_again_at=None).update(
+                cancelled_before_recovery=True
+            )
+
+
+def resume_job(job_id: int, *, by: str, now: datetime) -> None:
+    """Move a budget-paused job back to the queue; it continues from its newest checkpoint.
+    Raises ``BudgetExceeded`` (with the numbers) while the spending gate still refuses it."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().select_related("team").get(pk=job_id)
+        if job.state != S.PAUSED_BUDGET:
+            raise BudgetExceeded(f"Job {job.pk} is {job.get_state_display()}, not paused.")
+        verdict = spending.gate().resume(job, now=now)
+        if not verdict.allowed:
+            raise BudgetExceeded(f"Cannot resume: {verdict.reason}. Raise the limit or wait.")
+        transition(
+            job.pk,
+            S.QUEUED,
+            now=now,
+            kind="budget_resumed",
+            message=f"resumed by {by}",
+            next_rent_at=None,
+            rent_backoff_s=0,
+        )
+        after_commit(plan_rent, job.pk, now=now)
+
+
+def enforce_budgets(*, now: datetime) -> dict[str, int]:
+    """One budget pass at NOW: each step the spending gate decides is claimed and acted on in
+    one transaction (a step another pass claimed first does nothing). Says how many warnings,
+    pauses begun, checkpoints asked and machines released."""
+    report = {"warned": 0, "pausing": 0, "asked": 0, "released": 0}
+    for step in spending.gate().budget_pass(now=now):
+        try:
+            with transaction.atomic():
+                actions = step.claim()
+                for action in actions:
+                    act_on_budget(action, now=now)
+        except IntegrityError:
+            continue  # another pass wrote the same claim first
+        if actions:
+            report[step.kind] += 1
+    return report
+
+
+def act_on_budget(action: BudgetAction, *, now: datetime) -> None:
+    """Do what one budget ACTION asks: record its event, ask its attempt for a checkpoint,
+    pause the job and release its machine. A job that ended meanwhile is left as it is."""
+    if action.event:
+        record_event(
+            action.job_id, now=now, kind=action.event, message=action.message, **action.data
+        )
+    if action.ask_attempt_id is not None:
+        request_checkpoint(action.ask_attempt_id)
+    if action.pause:
+        state = Job.objects.select_for_update().values_list("state", flat=True)
+        if state.get(pk=action.job_id) in TERMINAL:
+            return
+        release_job(
+            action.job_id,
+            to=S.PAUSED_BUDGET,
+            now=now,
+            kind="budget_paused",
+            reason="budget",
+            message=action.message,
+            data=action.data,
+        )
