@@ -52,7 +52,7 @@ from billing.services import (
     team_limit_statuses,
 )
 from billing.spend import job_spend
-from jobs.models import Attempt, AttemptState, Checkpoint, Job
+from jobs.models import ON_HOST_STATES, Attempt, AttemptState, Checkpoint, Job
 from jobs.spending import BudgetAction, BudgetStep
 from nomadgpu.models import Team
 
@@ -65,7 +65,6 @@ LEAD_MARGIN = 0.5
 AGENT_SCAN_S = 1.0  # the agent looks for newly ready checkpoints every second
 RECENT_UPLOADS = 3
 MAX_LEAD_S = 3600.0
-LIVE_ON_HOST = (AttemptState.STARTING, AttemptState.RUNNING)  # a host that bills for the job
 
 
 def interval_s() -> float:
@@ -253,7 +252,7 @@ def start_pause(job_id: int, status: LimitStatus, *, now: datetime) -> list[Budg
     job = Job.objects.select_for_update().filter(pk=job_id, state__in=ACTIVE_JOB_STATES[1:])
     if not job.exists() or BudgetPause.objects.filter(job_id=job_id, released_at=None).exists():
         return []
-    live = Attempt.objects.filter(job_id=job_id, state__in=LIVE_ON_HOST).first()
+    live = Attempt.objects.filter(job_id=job_id, state__in=ON_HOST_STATES).first()
     training = live is not None and live.state == AttemptState.RUNNING
     pause = BudgetPause.objects.create(
         job_id=job_id,

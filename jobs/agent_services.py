@@ -15,11 +15,18 @@ from datetime import datetime
 
 from jobs import checkpoints, heartbeat_store, lifecycle, stall
 from jobs.heartbeat_store import LOG_TAIL_LIMIT, Heartbeat
-from jobs.models import Attempt, AttemptState, Checkpoint, LossPoint, loss_sample_every
+from jobs.models import (
+    ON_HOST_STATES,
+    Attempt,
+    AttemptState,
+    Checkpoint,
+    LossPoint,
+    loss_sample_every,
+)
 from nomadgpu.storage import object_store
 from nomadgpu.tokens import token_matches, token_prefix
 
-ACTIVE = [AttemptState.STARTING, AttemptState.RUNNING]
+ACTIVE = ON_HOST_STATES
 
 
 # Every agent call authenticates, so the lookup leaves out what most calls never read: the

@@ -143,7 +143,7 @@ def _layout() -> _Layout:
 
 @functools.cache
 def _layout_for(vendor: str) -> _Layout:
-    # Worked out once per vendor: rebuilding it on every beat was a tenth of the request's CPU.
+    # Worked out once per vendor: building it is a large share of a beat's CPU.
     # The converters come from whichever connection asks first; they read only settings (the
     # time zone), so every connection of the vendor can share them.
     attempt_fields = _fields(Attempt, HEARTBEAT_ATTEMPT_FIELDS)

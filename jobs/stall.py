@@ -29,13 +29,17 @@ def is_stalled(
     before it (the same value when no new beat is being decided on). A step above STEP_BEFORE,
     or a first step, is progress. The time counts from the last progress (LAST_PROGRESS_AT), or
     from when training started (RUNNING_AT) if a step was never seen to rise. A script that has
-    never reported a step gives nothing to measure, so it never stalls.
+    never reported a step gives nothing to measure, so it never stalls, and a beat without a
+    step after steps were seen is not judged.
     """
     if phase not in TRAINING_PHASES:
         return False
     if step_now is not None and (step_before is None or step_now > step_before):
         return False
-    if step_now is None and last_progress_at is None:
+    if step_now is None and (step_before is not None or last_progress_at is None):
+        # A beat that carries no step after steps were seen (an agent restarted in the same
+        # container has not read its progress yet) says nothing; nor does a script that has
+        # never reported one.
         return False
     since = last_progress_at or running_at
     return since is not None and now - since >= timedelta(seconds=stall_timeout_s)

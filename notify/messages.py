@@ -124,7 +124,7 @@ def host_lost_facts(event: JobEvent, job: Job) -> dict:
         "total_steps": job.total_steps,
         "last_checkpoint": data.get("last_checkpoint"),
         "silent_s": silent,
-        "silent_text": duration(silent),
+        "silent_text": duration(silent, "unknown"),
         "gpu_name": attempt.gpu_name if attempt else "",
         "instance_id": attempt.instance_id if attempt else None,
     }
@@ -142,7 +142,7 @@ def running_again_facts(event: JobEvent, job: Job) -> dict:
         downtime = (interruption.running_again_at - interruption.detected_at).total_seconds()
     return {
         "downtime_s": downtime,
-        "downtime_text": duration(downtime),
+        "downtime_text": duration(downtime, "unknown"),
         "resumed_step": interruption.resumed_step if interruption else None,
         "step_reached": interruption.step_reached if interruption else None,
         "gpu_name": attempt.gpu_name if attempt else "",

@@ -1,7 +1,7 @@
 """The notification outbox: one ``Delivery`` per (channel, event), each delivered once.
 
-``enqueue_for_event`` runs inside the event's transaction (``jobs.services`` calls it right
-after writing the ``JobEvent``), so deliveries exist exactly when the event does.
+``enqueue_for_event`` runs inside the event's transaction (``notify.signals`` calls it when a
+``JobEvent`` row is saved), so deliveries exist exactly when the event does.
 ``deliver_due`` is the worker's loop: it claims due rows with guarded updates, calls the
 transport outside any transaction and records the result afterwards. Several workers may run
 it at once; a claim that changes no row means another worker has the delivery.

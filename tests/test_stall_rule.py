@@ -77,3 +77,8 @@ def test_a_script_that_never_reported_a_step_never_stalls():
 def test_a_script_that_reported_steps_and_then_none_can_stall():
     # The watchdog's stored row: progress was seen once, and then nothing for the timeout.
     assert stalled(step_before=None, step_now=None) is True
+
+
+def test_a_beat_without_a_step_after_steps_were_seen_is_not_judged():
+    # An agent restarted in the same container (a raised bid) beats before it reads progress.
+    assert stalled(step_before=150, step_now=None) is False

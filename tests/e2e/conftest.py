@@ -121,7 +121,7 @@ def supervisor(live_server, settings, sandbox, tmp_path, celery_worker_thread):
 
 @pytest.fixture
 def enforcer(supervisor):
-    """Stands in for beat's billing-enforce entry at the e2e cadence (through the broker)."""
+    """Stands in for beat's budget-enforce entry at the e2e cadence (through the broker)."""
     from jobs.tasks import enforce_budgets
 
     stop = threading.Event()
