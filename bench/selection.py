@@ -1,7 +1,7 @@
 """Benchmark: does ranking by expected total cost pick cheaper hosts than ranking by price?
 
-Usage: ``python bench/selection.py [--quick] [market.json]`` (no Django, no server, well under a
-second; ``--quick`` changes nothing).
+Usage: ``python bench/selection.py [--quick] [--seed N] [market.json]`` (no Django, no server; a
+few seconds, ``--quick`` runs fewer simulated jobs).
 
 On the seeded market (``hosts/sandbox/market/offers.json``, else ``shared/market/offers.json``)
 and for two jobs, it prices three offers at their TRUE cost, i.e. the cost model of
@@ -16,6 +16,22 @@ and for two jobs, it prices three offers at their TRUE cost, i.e. the cost model
 
 Both jobs ask for one RTX 4090 (the field report's filters), because the market's ground truth
 is per machine within a model; it says nothing about how other models run this workload.
+
+Then a seeded simulation of interruptible rentals (``bench/support/preemption_sim.py``, whose
+docstring gives the simulated market's truth): ``SIM_JOBS`` jobs of the field report's shape
+(15 GB model, 300 steps at 4 s/step on an RTX 4090, a checkpoint every 50 steps, 1 GB uploaded
+in all; the image 0 or 5 GB, drawn per job) run one after another, event by event, under three
+policies: ``auto`` (``Requirements(rental="auto")`` with ``rates=`` the history the simulation
+has observed so far under that policy, empty at first so the prior applies; an outbid answered
+as ``jobs.watchdog`` does, by ``selection.outbid_choice_from_decision``: raise the bid and
+stay, or move; the outbidder holds the machine for an exponential time of the sandbox's mean,
+then its min_bid falls back),
+``on-demand``, and ``min-bid`` (``Requirements(rental="interruptible", bid_margins=(0.0,))``:
+always at min_bid exactly, and moving when outbid, as SkyPilot and dstack bid). Printed: each
+policy's mean true cost and p90 completion time (first rent to last step) against on-demand's;
+goals for ``auto``: cost <= 0.7, p90 <= 1.5. Then interruptions per job (host losses and
+outbids, raised or not), how many outbids ``auto`` answered by raising, and the rate ``auto``
+learned for its most used bid against the truth.
 """
 
 from __future__ import annotations
@@ -29,7 +45,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.support import line  # noqa: E402
+from bench.support.preemption_sim import AUTO, MIN_BID, ON_DEMAND, simulate  # noqa: E402
 from hosts.selection import (  # noqa: E402
+    INTERRUPTIBLE,
     JobProfile,
     Requirements,
     SpeedBook,
@@ -69,6 +87,21 @@ JOBS = (
         Requirements(gpu_names=("RTX 4090",), disk_gb=20),
     ),
 )
+
+
+SIM_JOBS, SIM_JOBS_QUICK, SIM_SEED = 400, 100, 20250207
+SIM_PROFILES = tuple(
+    JobProfile(
+        image_gb=image_gb,
+        model_gb=15,
+        upload_gb=1,
+        steps_total=300,
+        checkpoint_every_steps=50,
+        checkpoint_gb=1 / 6,  # one of the six checkpoints the 1 GB of uploads is made of
+    )
+    for image_gb in (0.0, 5.0)
+)
+GOAL_COST, GOAL_P90 = 0.7, 1.5
 
 
 def load_market(path: Path) -> tuple[list[Offer], dict[int, float]]:
@@ -117,12 +150,80 @@ def figure(job: Job, offers: list[Offer], factors: dict[int, float]) -> str:
     )
 
 
+def simulation(offers: list[Offer], factors: dict[int, float], n_jobs: int, seed: int) -> str:
+    """The interruptible-rental lines (module docstring)."""
+    truth, runs = simulate(offers, factors, FIELD_REPORT, SIM_PROFILES, n_jobs=n_jobs, seed=seed)
+    base = runs[ON_DEMAND]
+    base_usd, base_p90 = base.mean_usd, base.wall_p(90)
+    lines = []
+    for policy, goal in ((AUTO, True), (MIN_BID, False)):
+        run = runs[policy]
+        usd, p90 = run.mean_usd, run.wall_p(90)
+        cost_goal = f", goal <={GOAL_COST}" if goal else ""
+        time_goal = f", goal <={GOAL_P90}" if goal else ""
+        lines += [
+            line(
+                f"selection/sim {policy} mean cost{cost_goal}",
+                f"${usd:.3f} ({n_jobs} jobs)",
+                f"on-demand ${base_usd:.3f}",
+                usd / base_usd,
+            ),
+            line(
+                f"selection/sim {policy} p90 time{time_goal}",
+                f"{p90:.3f} h (p50 {run.wall_p(50):.3f})",
+                f"on-demand {base_p90:.3f} h (p50 {base.wall_p(50):.3f})",
+                p90 / base_p90,
+            ),
+        ]
+    auto, min_bid = runs[AUTO], runs[MIN_BID]
+    lines.append(
+        line(
+            "selection/sim auto interruptions per job",
+            f"{auto.interruptions_per_job:.2f} ({auto.interruptible_share:.0%} bids)",
+            f"min-bid {min_bid.interruptions_per_job:.2f}",
+            auto.interruptions_per_job / max(min_bid.interruptions_per_job, 1e-9),
+        )
+    )
+    lines.append(
+        line(
+            "selection/sim auto outbids raised / moved",
+            f"{auto.raised} raised / {auto.outbids - auto.raised} moved",
+            f"min-bid 0 raised / {min_bid.outbids} moved",
+            auto.raised / max(auto.outbids, 1),
+        )
+    )
+    bids = {k: v for k, v in auto.history.seen.items() if k[0] == INTERRUPTIBLE}
+    if bids:
+        key = max(bids, key=lambda k: bids[k][1])
+        learned, _ = auto.history.rates().rate(*key)
+        true = auto.history.true_exposure[key] / bids[key][1]
+        lines.append(
+            line(
+                f"selection/sim learned rate {key[1]} +{key[2]:.0%}",
+                f"{learned:.2f}/h ({bids[key][0]} in {bids[key][1]:.0f} h)",
+                f"truth {true:.2f}/h (model {truth.model_outbid_per_h[key[1]]:.2f} at min)",
+                learned / true,
+            )
+        )
+    unfinished = sum(r.unfinished for r in runs.values())
+    if unfinished:
+        lines.append(f"selection/sim: {unfinished} jobs did not finish in the attempts allowed")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> None:
-    paths = [a for a in argv[1:] if a != "--quick"]  # already quick; `make bench` may pass it
+    args, seed = list(argv[1:]), SIM_SEED
+    if "--seed" in args:
+        at = args.index("--seed")
+        seed = int(args[at + 1])
+        del args[at : at + 2]
+    quick = "--quick" in args
+    paths = [a for a in args if a != "--quick"]
     path = Path(paths[0]) if paths else next(p for p in MARKETS if p.exists())
     offers, factors = load_market(path)
     for job in JOBS:
         print(figure(job, offers, factors))
+    print(simulation(offers, factors, SIM_JOBS_QUICK if quick else SIM_JOBS, seed))
 
 
 if __name__ == "__main__":

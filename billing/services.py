@@ -225,7 +225,7 @@ def projected_total(job, *, now: datetime) -> float:
     so_far = job_spend(job, now=now).total
     if job.state in ("succeeded", "failed", "cancelled"):
         return so_far
-    live = job.attempts.filter(ended_at=None).exclude(rented_at=None).order_by("-number").first()
+    live = job.attempts.live().exclude(rented_at=None).order_by("-number").first()
     if live is None:
         return so_far + estimate_remaining_usd(job)
     cost = (live.decision or {}).get("chosen", {}).get("cost", {})

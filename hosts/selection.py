@@ -26,13 +26,22 @@ overhead (agent start, imports, loading weights onto the GPU) also happens after
 and is billed (docker's own few seconds of start belong to ``loading``; counting them too
 errs on the dear side). Storage is billed from creation, so it covers the whole start-up.
 
+Preemption (``expected_cost``): a rental is on-demand or interruptible, a bid of ``min_bid`` x
+(1 + margin). Each is charged its expected rework: λ (interruptions per rented hour, for that
+rental type, GPU model and bid margin: ``PreemptionRates``, the team's own history blended with
+a documented prior) x the expected hours gives the expected interruptions, and each costs the
+detection, a new rent, a start-up again (image, model and checkpoint downloads at the offer's
+bandwidth) and half a checkpoint interval of training done again. ``rental: auto`` takes the
+cheaper expected total; the bid margin is chosen the same way (a higher bid, fewer
+preemptions).
+
 Not modelled: checkpoint uploads overlap training (they cost traffic, not time); a host's link
-is assumed to deliver its advertised ``inet_down``; the chance that the host is lost midway
-(``min_reliability`` filters out the risky ones instead of pricing the risk).
+is assumed to deliver its advertised ``inet_down``; the replacement host is priced like this one.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -40,6 +49,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hosts.vast import MIB_PER_GIB, Offer
+from hosts.vast.parsing import BID_MAX_USD, BID_MIN_USD, CHANGE_BID_MAX_USD
 
 BYTES_PER_GB = 1024**3  # traffic is priced per 1024³ bytes (hosts.vast, sandbox billing)
 BITS_PER_MBIT = 1_000_000  # link speeds are decimal megabits
@@ -92,18 +102,23 @@ class Requirements:
     datacenter_only: bool = False
     max_dph: float | None = None  # $/h, compared with dph_total (GPU + this job's storage)
     avoid_machine_ids: frozenset[int] = frozenset()
+    rental: str = "on-demand"  # "on-demand" | "interruptible" | "auto" (JobSpec's default)
+    max_bid_dph: float | None = None  # the highest bid $/h an interruptible rental may place
+    bid_margins: tuple[float, ...] = ()  # the margins over min_bid to weigh; empty: BID_MARGINS
 
     def __post_init__(self) -> None:
         # Accept what JSON gives (lists, "RTX_4090") and keep the frozen object hashable.
         object.__setattr__(self, "gpu_names", tuple(_gpu_name(n) for n in self.gpu_names))
         avoid = frozenset(int(m) for m in self.avoid_machine_ids)
         object.__setattr__(self, "avoid_machine_ids", avoid)
+        object.__setattr__(self, "bid_margins", tuple(float(m) for m in self.bid_margins))
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: tuples and sets become sorted lists."""
         data = asdict(self)
         data["gpu_names"] = list(self.gpu_names)
         data["avoid_machine_ids"] = sorted(self.avoid_machine_ids)
+        data["bid_margins"] = list(self.bid_margins)
         return data
 
 
@@ -329,6 +344,7 @@ class JobProfile:
     reference_gpu: str = "RTX 4090"
     container_start_s: float = 60.0
     checkpoint_gb: float = 0.0
+    checkpoint_every_steps: int = 0  # 0: unknown, taken as a tenth of the run
 
     @property
     def steps_remaining(self) -> int:
@@ -469,9 +485,15 @@ def _billing_inputs(offer: Offer) -> tuple[float, float, float, float, float]:
 
 
 def estimate_cost(
-    offer: Offer, profile: JobProfile, speeds: SpeedBook, req: Requirements
+    offer: Offer,
+    profile: JobProfile,
+    speeds: SpeedBook,
+    req: Requirements,
+    *,
+    gpu_usd_per_hour: float | None = None,
 ) -> CostBreakdown:
-    """Expected total cost of the rest of the job on ``offer`` (see the module docstring).
+    """Expected total cost of the rest of the job on ``offer`` (see the module docstring), with
+    no interruption, at the offer's ``dph_base`` or at GPU_USD_PER_HOUR (a bid).
 
     Raises ``CannotEstimate`` for an offer without prices, bandwidth or a speed estimate;
     ``filter_offers`` and ``rank_offers`` keep such offers out.
@@ -480,6 +502,8 @@ def estimate_cost(
     if speed is None:
         raise CannotEstimate(f"offer {offer.id}: no speed estimate for {offer.gpu_name!r}")
     dph, storage, down_price, up_price, mbps = _billing_inputs(offer)
+    if gpu_usd_per_hour is not None:
+        dph = gpu_usd_per_hour
     fetched_gb = profile.model_gb + (profile.checkpoint_gb if profile.steps_done > 0 else 0.0)
     image_h, model_h = transfer_hours(profile.image_gb, mbps), transfer_hours(fetched_gb, mbps)
     start_h = profile.container_start_s / SECONDS_PER_HOUR
@@ -513,19 +537,338 @@ def estimate_cost(
     )
 
 
+# --- Rental type and preemption -------------------------------------------------------------
+
+ON_DEMAND, INTERRUPTIBLE, AUTO = "on-demand", "interruptible", "auto"
+RENTALS = (ON_DEMAND, INTERRUPTIBLE, AUTO)
+# The margins over min_bid the model weighs (a bid is min_bid x (1 + margin)).
+BID_MARGINS = (0.0, 0.05, 0.15, 0.3, 0.5, 1.0)
+
+# The prior, until the team's own history says otherwise (``PreemptionRates``). A host is lost
+# (offline, vanished, rebooted for good) about once in 50 rented hours: the field report's
+# community hosts at reliability ~0.98-0.99. A bid at min_bid is outbid about every two hours
+# on a popular GPU (Vast has no notice and no minimum run; the FAQ's "50-80 % cheaper" is paid
+# for with that), and each margin of 0.25 over min_bid cuts the rate by e.
+PRIOR_HOST_LOSS_PER_H = 0.02
+PRIOR_OUTBID_PER_H = 0.5
+PRIOR_OUTBID_MARGIN_SCALE = 0.25
+# How many rented hours the prior weighs against what was observed.
+PRIOR_WEIGHT_H = 10.0
+# What a recovery takes besides starting again: noticing the loss and renting a replacement
+# (field report: ~30 s to detect, seconds to rent).
+DETECTION_S = 30.0
+RENT_S = 20.0
+NOT_BIDDABLE = "not_biddable"
+
+
+def prior_rate(kind: str, margin: float = 0.0) -> float:
+    """Interruptions per rented hour before any history: host loss, plus outbids for a bid."""
+    if kind != INTERRUPTIBLE:
+        return PRIOR_HOST_LOSS_PER_H
+    return PRIOR_HOST_LOSS_PER_H + PRIOR_OUTBID_PER_H * math.exp(
+        -margin / PRIOR_OUTBID_MARGIN_SCALE
+    )
+
+
+def margin_bucket(margin: float) -> float:
+    """The ``BID_MARGINS`` entry nearest MARGIN (history is counted by these)."""
+    return min(BID_MARGINS, key=lambda m: abs(m - margin))
+
+
+@dataclass(frozen=True)
+class PreemptionRates:
+    """Interruptions and rented hours seen, by (rental type, GPU model, margin bucket); what is
+    not seen falls back to ``prior_rate``, and what is seen is blended with it (the prior as
+    ``PRIOR_WEIGHT_H`` hours at its own rate)."""
+
+    observed: Mapping[tuple[str, str, float], tuple[int, float]] = field(default_factory=dict)
+
+    def rate(self, kind: str, gpu_name: str, margin: float = 0.0) -> tuple[float, str]:
+        """(λ per hour, where it came from) for a rental of KIND on GPU_NAME at MARGIN."""
+        bucket = margin_bucket(margin) if kind == INTERRUPTIBLE else 0.0
+        prior = prior_rate(kind, margin)
+        seen, hours = self.observed.get((kind, gpu_name, bucket), (0, 0.0))
+        if hours <= 0:
+            return prior, "prior"
+        blended = (seen + prior * PRIOR_WEIGHT_H) / (hours + PRIOR_WEIGHT_H)
+        return blended, f"{seen} in {hours:.1f} h seen, with the prior"
+
+
+@dataclass(frozen=True)
+class Rental:
+    """On-demand at ``dph_base``, or interruptible: a bid of ``min_bid`` x (1 + BID_MARGIN)."""
+
+    kind: str = ON_DEMAND
+    bid_margin: float = 0.0
+
+    def gpu_usd_per_hour(self, offer: Offer) -> float | None:
+        """What the GPU costs per hour rented this way; None when the offer takes no bid."""
+        if self.kind == ON_DEMAND:
+            return offer.dph_base
+        if not offer.min_bid or offer.min_bid <= 0:
+            return None
+        return round(max(offer.min_bid * (1 + self.bid_margin), BID_MIN_USD), 4)
+
+    @property
+    def label(self) -> str:
+        """ "on-demand" or "interruptible, min_bid +15 %"."""
+        if self.kind == ON_DEMAND:
+            return ON_DEMAND
+        return f"interruptible, min_bid +{self.bid_margin:.0%}"
+
+
+@dataclass(frozen=True)
+class RentalCost:
+    """The expected total of one way of renting one offer, interruptions included."""
+
+    rental: Rental
+    gpu_usd_per_hour: float
+    base: CostBreakdown  # the run with no interruption, at this GPU price
+    preemptions_per_h: float
+    rate_source: str
+    expected_preemptions: float
+    rework_h: float  # wall hours one interruption costs
+    rework_usd: float  # dollars one interruption costs
+    redo_h: float  # of which training done again (half a checkpoint interval)
+    expected_total_usd: float
+    expected_wall_h: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready, without the base breakdown (stored beside it)."""
+        data = asdict(self)
+        del data["base"]
+        data["rental"] = {**asdict(self.rental), "label": self.rental.label}
+        # JSON (and PostgreSQL's jsonb) has no infinity: "never finishes" is stored as null.
+        return {k: None if isinstance(v, float) and math.isinf(v) else v for k, v in data.items()}
+
+
+def checkpoint_interval_h(profile: JobProfile, seconds_per_step: float) -> float:
+    """Hours between two checkpoints (a tenth of the run when the job does not say)."""
+    steps = profile.checkpoint_every_steps or max(profile.steps_total // 10, 1)
+    return steps * seconds_per_step / SECONDS_PER_HOUR
+
+
+def expected_cost(
+    offer: Offer,
+    profile: JobProfile,
+    speeds: SpeedBook,
+    req: Requirements,
+    rental: Rental,
+    rates: PreemptionRates,
+) -> RentalCost | None:
+    """Expected total cost of the rest of the job on OFFER rented as RENTAL: the run itself
+    plus λ x expected hours interruptions, each costing detection, a new rent, the start-up
+    again and half a checkpoint interval of training (module docstring). None when the offer
+    takes no such bid; an infinite total when interruptions come faster than the work."""
+    price = rental.gpu_usd_per_hour(offer)
+    if price is None:
+        return None
+    base = estimate_cost(offer, profile, speeds, req, gpu_usd_per_hour=price)
+    lam, source = rates.rate(rental.kind, offer.gpu_name or "", rental.bid_margin)
+    _, storage, down_price, _, mbps = _billing_inputs(offer)
+    # A resume downloads the checkpoint too, whether or not this run started from one.
+    again_gb = profile.image_gb + profile.model_gb + profile.checkpoint_gb
+    image_h = transfer_hours(profile.image_gb, mbps)
+    fetch_h = transfer_hours(profile.model_gb + profile.checkpoint_gb, mbps)
+    redo_h = checkpoint_interval_h(profile, base.seconds_per_step) / 2
+    start_h = base.container_start_h
+    wait_h = (DETECTION_S + RENT_S) / SECONDS_PER_HOUR
+    rework_h = wait_h + image_h + fetch_h + start_h + redo_h
+    gpu_h = fetch_h + start_h + redo_h  # the pull is not GPU time; waiting bills nothing
+    rework_usd = price * gpu_h + storage * req.disk_gb * (image_h + gpu_h) + again_gb * down_price
+    if lam * rework_h >= 1.0:
+        preemptions, wall_h, total = math.inf, math.inf, math.inf
+    else:
+        # Interruptions during the rework count too: N = λ (W + N r) solved for N.
+        preemptions = lam * base.wall_h / (1.0 - lam * rework_h)
+        wall_h = base.wall_h + preemptions * rework_h
+        total = base.total_usd + preemptions * rework_usd
+    return RentalCost(
+        rental=rental,
+        gpu_usd_per_hour=price,
+        base=base,
+        preemptions_per_h=lam,
+        rate_source=source,
+        expected_preemptions=preemptions,
+        rework_h=rework_h,
+        rework_usd=rework_usd,
+        redo_h=redo_h,
+        expected_total_usd=total,
+        expected_wall_h=wall_h,
+    )
+
+
+def rentals_to_weigh(offer: Offer, req: Requirements) -> list[Rental]:
+    """The ways REQ allows OFFER to be rented: on-demand, and bids at each margin that stay
+    under ``max_bid_dph`` and Vast's range (and, for ``auto``, under the on-demand price)."""
+    found = [] if req.rental == INTERRUPTIBLE else [Rental(ON_DEMAND)]
+    if req.rental == ON_DEMAND or not offer.min_bid:
+        return found
+    cap = min(req.max_bid_dph or BID_MAX_USD, BID_MAX_USD)
+    for margin in req.bid_margins or BID_MARGINS:
+        price = Rental(INTERRUPTIBLE, margin).gpu_usd_per_hour(offer)
+        if price is None or price > cap:
+            continue
+        if req.rental == AUTO and offer.dph_base is not None and price >= offer.dph_base:
+            continue  # paying on-demand's price for an interruptible machine never pays
+        found.append(Rental(INTERRUPTIBLE, margin))
+    return found
+
+
+def best_rental(
+    offer: Offer,
+    profile: JobProfile,
+    speeds: SpeedBook,
+    req: Requirements,
+    rates: PreemptionRates,
+) -> RentalCost | None:
+    """The cheapest expected way to rent OFFER under REQ, or None when REQ allows none."""
+    costs = [
+        cost
+        for rental in rentals_to_weigh(offer, req)
+        if (cost := expected_cost(offer, profile, speeds, req, rental, rates)) is not None
+    ]
+    finite = [c for c in costs if math.isfinite(c.expected_total_usd)]
+    return min(finite, key=lambda c: (c.expected_total_usd, c.rental.bid_margin), default=None)
+
+
+@dataclass(frozen=True)
+class OutbidChoice:
+    """After an outbid: raise the bid and wait for the same machine (RAISE_TO), or move."""
+
+    raise_to: float | None
+    stay_usd: float
+    move_usd: float
+
+    @property
+    def why(self) -> str:
+        """One line for the job's timeline."""
+        verb = f"raise the bid to ${self.raise_to:.4f}/h" if self.raise_to else "move"
+        return f"{verb}: staying ${self.stay_usd:.3f} vs moving ${self.move_usd:.3f} expected"
+
+
+# A raise bids this much over the new floor: a bid equal to the winning one is not assumed to
+# take the machine back (Vast documents no tie rule).
+RAISE_STEP_USD = 0.001
+
+
+def outbid_choice(
+    *,
+    steps_left: int,
+    stay_seconds_per_step: float,
+    new_min_bid: float | None,
+    bid_margin: float,
+    stay_outbids_per_h: float,
+    restart_h: float,
+    cap_usd_per_hour: float | None,
+    move_usd_per_hour: float,
+    move_seconds_per_step: float,
+    move_interruptions_per_h: float,
+    move_rework_usd: float,
+) -> OutbidChoice:
+    """Whether an outbid job should raise its bid and wait for its machine, or move.
+
+    Both are priced from the newest checkpoint (STEPS_LEFT; the work lost is the same either
+    way). Staying pays the new bid (NEW_MIN_BID plus the job's margin and ``RAISE_STEP_USD``)
+    for the steps left at this machine's speed and a restart in the same container
+    (RESTART_H: the image and model are on its disk already), plus the restarts its
+    STAY_OUTBIDS_PER_H still expect. Moving pays the best other candidate's price at its own
+    speed, a whole start-up (MOVE_REWORK_USD) and the rework of its own expected
+    interruptions. A bid at or over CAP_USD_PER_HOUR (the job's max bid, and the machine's
+    on-demand price: paying that for an interruptible machine never pays) or out of Vast's
+    range is never placed.
+    """
+    move_h = steps_left * move_seconds_per_step / SECONDS_PER_HOUR
+    move = move_usd_per_hour * move_h + move_rework_usd * (1 + move_interruptions_per_h * move_h)
+    if not new_min_bid or new_min_bid <= 0:
+        return OutbidChoice(None, math.inf, move)
+    price = round(max(new_min_bid * (1 + bid_margin), BID_MIN_USD) + RAISE_STEP_USD, 4)
+    stay_h = steps_left * stay_seconds_per_step / SECONDS_PER_HOUR
+    restarts = 1 + stay_outbids_per_h * stay_h
+    stay = price * (stay_h + restarts * restart_h)
+    cap = min(cap_usd_per_hour or CHANGE_BID_MAX_USD, CHANGE_BID_MAX_USD)
+    if price >= cap or stay >= move:
+        return OutbidChoice(None, stay, move)
+    return OutbidChoice(price, stay, move)
+
+
+def outbid_choice_from_decision(
+    decision: Mapping[str, Any],
+    *,
+    machine_id: int | None,
+    steps_left: int,
+    seconds_per_step: float | None,
+    bid_margin: float,
+    new_min_bid: float | None,
+    max_bid_dph: float | None,
+    rates: PreemptionRates,
+) -> OutbidChoice:
+    """``outbid_choice`` with the numbers an attempt's stored decision (``Decision.as_dict``)
+    holds: the move is its best candidate on another machine (its price, speed, rework
+    without the half interval, which both sides redo alike, and rate), else this offer on
+    demand; staying restarts the container and faces the rate of a bid at this margin."""
+    chosen = decision.get("chosen", {})
+    offer, cost = chosen.get("offer", {}), chosen.get("cost", {})
+    rental = chosen.get("rental") or decision.get("rental") or {}
+    stay_spp = seconds_per_step or cost.get("seconds_per_step") or 0.0
+    gpu = offer.get("gpu_name") or ""
+    on_demand = offer.get("dph_base")
+    others = [
+        c
+        for c in decision.get("candidates", [])
+        if c.get("offer", {}).get("machine_id") != machine_id and c.get("rental")
+    ]
+    if others:
+        move, move_cost = others[0]["rental"], others[0]["cost"]
+        move_price = move["gpu_usd_per_hour"]
+        move_rate = move.get("preemptions_per_h") or 0.0
+        move_spp = move_cost.get("seconds_per_step") or stay_spp
+    else:  # nowhere else to go but this offer, on demand
+        move, move_price, move_spp = rental, on_demand or math.inf, stay_spp
+        move_rate = rates.rate(ON_DEMAND, gpu)[0]
+    move_rework = max(
+        (move.get("rework_usd") or 0.0) - move_price * (move.get("redo_h") or 0.0), 0.0
+    )
+    caps = [c for c in (max_bid_dph, on_demand) if c]
+    return outbid_choice(
+        steps_left=steps_left,
+        stay_seconds_per_step=stay_spp,
+        new_min_bid=new_min_bid,
+        bid_margin=bid_margin,
+        stay_outbids_per_h=rates.rate(INTERRUPTIBLE, gpu, bid_margin)[0],
+        restart_h=cost.get("container_start_h") or 0.0,
+        cap_usd_per_hour=min(caps) if caps else None,
+        move_usd_per_hour=move_price,
+        move_seconds_per_step=move_spp,
+        move_interruptions_per_h=move_rate,
+        move_rework_usd=move_rework,
+    )
+
+
 # --- Ranking and the decision -----------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Ranked:
-    """One acceptable offer with its expected cost."""
+    """One acceptable offer, the best way to rent it, and its expected cost: COST is the run
+    without interruptions at that rental's price, RENTAL the expected total with them."""
 
     offer: Offer
     cost: CostBreakdown
+    rental: RentalCost
+
+    @property
+    def expected_total_usd(self) -> float:
+        """What the ranking compares."""
+        return self.rental.expected_total_usd
 
     def as_dict(self, req: Requirements) -> dict[str, Any]:
-        """JSON-ready: the offer's deciding fields, then the cost breakdown."""
-        return {"offer": offer_summary(self.offer, req), "cost": self.cost.as_dict()}
+        """JSON-ready: the offer's deciding fields, the cost breakdown, the rental."""
+        return {
+            "offer": offer_summary(self.offer, req),
+            "cost": self.cost.as_dict(),
+            "rental": self.rental.as_dict(),
+        }
 
 
 def offer_summary(offer: Offer, req: Requirements) -> dict[str, Any]:
@@ -552,13 +895,18 @@ def offer_summary(offer: Offer, req: Requirements) -> dict[str, Any]:
 
 def _ranking_key(item: Ranked) -> tuple[float, float, int]:
     # Cheapest first; at equal cost the more reliable host; then the id, so ties are stable.
-    return item.cost.total_usd, -(item.offer.reliability or 0.0), item.offer.id
+    return item.expected_total_usd, -(item.offer.reliability or 0.0), item.offer.id
 
 
 def _rank_with_rejections(
-    offers: Sequence[Offer], req: Requirements, profile: JobProfile, speeds: SpeedBook | None
+    offers: Sequence[Offer],
+    req: Requirements,
+    profile: JobProfile,
+    speeds: SpeedBook | None,
+    rates: PreemptionRates | None = None,
 ) -> tuple[list[Ranked], list[Rejection]]:
     book = (speeds or SpeedBook()).with_market(offers, req.num_gpus)
+    rates = rates or PreemptionRates()
     kept, rejected = filter_offers(offers, req)
     ranked: list[Ranked] = []
     for offer in kept:
@@ -566,11 +914,15 @@ def _rank_with_rejections(
             detail = f"no observed speed and no DLPerf for {offer.gpu_name or 'unknown GPU'}"
             rejected.append(Rejection(offer.id, offer.machine_id, RULE_UNKNOWN_SPEED, detail))
             continue
-        cost = estimate_cost(offer, profile, book, req)
-        if (short := contract_too_short(offer, cost)) is not None:
+        rental = best_rental(offer, profile, book, req, rates)
+        if rental is None:
+            detail = "takes no bid (no min_bid), or none under max_bid_dph"
+            rejected.append(Rejection(offer.id, offer.machine_id, NOT_BIDDABLE, detail))
+            continue
+        if (short := contract_too_short(offer, rental.base)) is not None:
             rejected.append(Rejection(offer.id, offer.machine_id, RULE_CONTRACT, short))
             continue
-        ranked.append(Ranked(offer, cost))
+        ranked.append(Ranked(offer, rental.base, rental))
     return sorted(ranked, key=_ranking_key), rejected
 
 
@@ -579,13 +931,15 @@ def rank_offers(
     req: Requirements,
     profile: JobProfile,
     speeds: SpeedBook | None = None,
+    rates: PreemptionRates | None = None,
 ) -> list[Ranked]:
-    """Offers meeting ``req``, cheapest expected total cost of the job first.
+    """Offers meeting ``req``, cheapest expected total cost of the job first, each rented the
+    cheapest way ``req.rental`` allows (RATES: the team's interruption history).
 
     DLPerf estimates are calibrated on all of ``offers`` (``SpeedBook.with_market``), so pass
     the whole search result, not a pre-filtered slice.
     """
-    return _rank_with_rejections(offers, req, profile, speeds)[0]
+    return _rank_with_rejections(offers, req, profile, speeds, rates)[0]
 
 
 @dataclass(frozen=True)
@@ -599,18 +953,27 @@ class Decision:
     rejected_by_rule: Mapping[str, int]
     requirements: Requirements
     profile: JobProfile
+    alternatives: tuple[dict[str, Any], ...] = ()  # the chosen offer's other ways to rent
 
     @property
     def chosen_offer_id(self) -> int:
         """The ask id to rent."""
         return self.chosen.offer.id
 
+    @property
+    def bid_usd_per_hour(self) -> float | None:
+        """The bid to place, or None for an on-demand rental."""
+        chosen = self.chosen.rental
+        return chosen.gpu_usd_per_hour if chosen.rental.kind == INTERRUPTIBLE else None
+
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready, to store on the attempt and show on the job page."""
         req = self.requirements
         return {
             "chosen_offer_id": self.chosen_offer_id,
-            "estimated_total_usd": self.chosen.cost.total_usd,
+            "estimated_total_usd": self.chosen.expected_total_usd,
+            "rental": self.chosen.rental.as_dict(),
+            "alternatives": self.alternatives,
             "chosen": self.chosen.as_dict(req),
             "candidates": [c.as_dict(req) for c in self.candidates],
             "offers_seen": self.offers_seen,
@@ -628,14 +991,31 @@ def choose_offer(
     profile: JobProfile,
     speeds: SpeedBook | None = None,
     *,
+    rates: PreemptionRates | None = None,
     top_n: int = DEFAULT_TOP_N,
 ) -> Decision | None:
-    """The offer with the lowest expected total cost of the job, or None when none qualifies."""
-    ranked, rejected = _rank_with_rejections(offers, req, profile, speeds)
+    """The offer with the lowest expected total cost of the job, rented the cheapest way
+    ``req.rental`` allows, or None when none qualifies. The decision keeps the chosen offer's
+    other rentals (on-demand, the other bid margins) with their expected totals."""
+    ranked, rejected = _rank_with_rejections(offers, req, profile, speeds, rates)
     if not ranked:
         return None
     by_rule = Counter(r.rule for r in rejected)
+    book = (speeds or SpeedBook()).with_market(offers, req.num_gpus)
+    chosen = ranked[0]
+    alternatives = tuple(
+        cost.as_dict()
+        for rental in rentals_to_weigh(chosen.offer, req)
+        if rental != chosen.rental.rental
+        and (
+            cost := expected_cost(
+                chosen.offer, profile, book, req, rental, rates or PreemptionRates()
+            )
+        )
+        is not None
+    )
     return Decision(
+        alternatives=alternatives,
         chosen=ranked[0],
         candidates=tuple(ranked[: max(top_n, 1)]),
         offers_seen=len(offers),

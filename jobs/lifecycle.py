@@ -10,8 +10,8 @@ that rolled back. Illegal transitions raise ``IllegalTransition``; they are neve
 
 Who moves a job, and when:
 - submit (``submit_job``) and resume (``resume_job``) queue it and plan its first rent;
-- ``plan_rent`` commits the next attempt (renting), asked by submit, resume, the watchdog for
-  every job that needs a host, and a loss; ``mark_rented`` records the instance (starting);
+- ``plan_rent`` commits the next attempt (renting), asked by submit, resume and the watchdog for
+  every job that needs a host (a lost one's too); ``mark_rented`` records the instance;
 - the agent's heartbeats report training (``mark_running``) and the command's end
   (``handle_exit``); the watchdog and the agent API report a lost host (``handle_loss``: the
   job recovers and the watchdog's next pass plans the replacement), a contract about to end
@@ -39,6 +39,8 @@ from django.db.models import F, Max
 from hosts.models import Machine
 from jobs import spending
 from jobs.models import (
+    LIVE_ATTEMPT_STATES,
+    ON_HOST_STATES,
     Attempt,
     AttemptState,
     Checkpoint,
@@ -68,9 +70,9 @@ ALLOWED_FROM: dict[str, frozenset[str]] = {
     S.PAUSED_BUDGET: frozenset({S.QUEUED, S.RENTING, S.STARTING, S.RUNNING, S.RECOVERING}),
     S.QUEUED: frozenset({S.PAUSED_BUDGET}),
 }
-ON_HOST = [AttemptState.STARTING, AttemptState.RUNNING]
-OPEN = [*ON_HOST, AttemptState.PLANNED, AttemptState.REQUESTED]
+ON_HOST = ON_HOST_STATES
 
+OUTBID = "outbid"  # the loss cause of an interruptible instance paused by a higher bid
 RENT_TASK = "jobs.tasks.rent_attempt"
 DESTROY_TASK = "jobs.tasks.destroy_instance"
 
@@ -288,7 +290,7 @@ def close_attempt(attempt_id: int, *, reason: str, now: datetime, states=None) -
     """Guarded close (which also kills the attempt's token: its agent gets 410 from then on):
     the attempt if this call ended it, None if it had already ended. Its instance is destroyed
     after commit."""
-    claimed = Attempt.objects.filter(pk=attempt_id, state__in=states or OPEN).update(
+    claimed = Attempt.objects.filter(pk=attempt_id, state__in=states or LIVE_ATTEMPT_STATES).update(
         state=AttemptState.ENDED, end_reason=reason[:40], ended_at=now, pending_command=""
     )
     if not claimed:
@@ -316,7 +318,10 @@ def handle_loss(loss: Loss, *, now: datetime) -> bool:
             detected_at=now,
             step_reached=attempt.step,
         )
-        remember_bad_machine(attempt)
+        if loss.cause == OUTBID:
+            avoid_machine(attempt)  # another tenant's bid, not the machine's fault
+        else:
+            remember_bad_machine(attempt)
         transition(
             attempt.job_id,
             S.RECOVERING,
@@ -487,9 +492,7 @@ def release_job(
     kept; an interruption still open ends here, not with a recovery."""
     with transaction.atomic():
         transition(job_id, to, now=now, kind=kind, message=message, data=data, **fields)
-        for attempt_id in Attempt.objects.filter(job_id=job_id, state__in=OPEN).values_list(
-            "pk", flat=True
-        ):
+        for attempt_id in Attempt.objects.live().filter(job_id=job_id).values_list("pk", flat=True):
             close_attempt(attempt_id, reason=reason, now=now)
         if to == S.CANCELLED:
             # A budget pause leaves it open: the job resumes later and the interruption then

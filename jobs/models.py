@@ -155,6 +155,8 @@ LIVE_ATTEMPT_STATES = [
     AttemptState.STARTING,
     AttemptState.RUNNING,
 ]
+# Of those, the ones with a host: it bills, and its agent may talk to us.
+ON_HOST_STATES = [AttemptState.STARTING, AttemptState.RUNNING]
 
 
 class AttemptQuerySet(models.QuerySet):
@@ -179,7 +181,14 @@ class Attempt(models.Model):
     label = models.CharField(max_length=120, blank=True)
     machine_id = models.BigIntegerField(null=True, blank=True)
     gpu_name = models.CharField(max_length=60, blank=True)
+    # The GPU $/h paid: the offer's dph_base on demand, the bid for an interruptible rental.
     dph_base = models.FloatField(default=0)
+    # "on-demand" or "interruptible"; a bid is min_bid x (1 + bid_margin) at the rent.
+    rental = models.CharField(max_length=16, default="on-demand")
+    bid_margin = models.FloatField(null=True, blank=True)
+    # Outbids answered by raising the bid (the attempt went on): they count in the team's
+    # interruption rates with the Interruption rows of the outbids that moved the job.
+    outbids = models.PositiveSmallIntegerField(default=0)
     storage_usd_per_gb_hour = models.FloatField(default=0)
     download_usd_per_gb = models.FloatField(default=0)
     upload_usd_per_gb = models.FloatField(default=0)

@@ -15,8 +15,10 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Count, F
 
 from hosts import selection
 from hosts.vast import (
@@ -102,6 +104,11 @@ def rent(attempt_id: int, *, now: datetime, client: VastClient | None = None) ->
     try:
         client = client or VastClient.from_settings(attempt.job.team)
         return _choose_and_create(attempt, token.token, client=client, now=now)
+    except SoftTimeLimitExceeded:
+        # The task's time ran out, maybe mid-create: the outcome is unknown, so the attempt
+        # stays requested and the watchdog adopts its labelled instance or closes it later.
+        logger.warning("renting %s ran out of time; adopting by label if it was created", attempt)
+        return "unknown"
     except Exception as exc:
         logger.exception("renting %s failed", attempt)
         why = f"renting failed ({type(exc).__name__}: {exc}); trying again"
@@ -120,16 +127,23 @@ def _choose_and_create(attempt: Attempt, token: str, *, client: VastClient, now:
         )
     except VastError as exc:
         return give_up_renting(attempt, now=now, why=f"offer search failed: {exc}")
-    decision = selection.choose_offer(offers, req, profile, speed_book(job, offers))
+    rates = preemption_rates(job.team_id, now=now)
+    decision = selection.choose_offer(offers, req, profile, speed_book(job, offers), rates=rates)
     if decision is None:
         return give_up_renting(attempt, now=now, why="no offer matches the requirements")
     onstart = render_bootstrap(attempt, token=token)
     refused: list[str] = []
     for candidate in decision.candidates[:MAX_CREATE_TRIES]:
-        offer = candidate.offer
+        offer, rental = candidate.offer, candidate.rental
+        bid = rental.gpu_usd_per_hour if rental.rental.kind == selection.INTERRUPTIBLE else None
         try:
             created = client.create_instance(
-                offer.id, image=job.image, disk_gb=req.disk_gb, label=attempt.label, onstart=onstart
+                offer.id,
+                image=job.image,
+                disk_gb=req.disk_gb,
+                label=attempt.label,
+                onstart=onstart,
+                bid_usd_per_hour=bid,
             )
         except OfferGone:
             continue  # someone else rented it between search and create: next offer
@@ -151,7 +165,7 @@ def _choose_and_create(attempt: Attempt, token: str, *, client: VastClient, now:
         try:
             lifecycle.mark_rented(
                 attempt.pk,
-                fields={**offer_fields(offer), "disk_gb": req.disk_gb},
+                fields={**offer_fields(offer), **rental_fields(rental), "disk_gb": req.disk_gb},
                 instance_id=created.id,
                 decision=decision.as_dict(),
                 now=now,
@@ -195,6 +209,41 @@ def offer_fields(offer: Offer) -> dict:
     }
 
 
+def rental_fields(cost: selection.RentalCost) -> dict:
+    """How the attempt was rented: the GPU price paid (the bid, for an interruptible one)."""
+    interruptible = cost.rental.kind == selection.INTERRUPTIBLE
+    return {
+        "dph_base": cost.gpu_usd_per_hour,
+        "rental": cost.rental.kind,
+        "bid_margin": cost.rental.bid_margin if interruptible else None,
+    }
+
+
+# Interruptions a planned move or a cancel ends are not the host's doing: they do not count.
+NOT_PREEMPTIONS = ("contract_expiring", "cancelled", "budget")
+RATE_HISTORY_DAYS = 90
+
+
+def preemption_rates(team_id: int, *, now: datetime) -> selection.PreemptionRates:
+    """The team's interruptions per rented hour over the last ``RATE_HISTORY_DAYS``, by rental
+    type, GPU model and bid margin (``selection.margin_bucket``): what ``expected_cost`` prices
+    a rental's interruptions with, before the prior's share."""
+    since = now - timedelta(days=RATE_HISTORY_DAYS)
+    rented = (
+        Attempt.objects.filter(job__team_id=team_id, rented_at__gte=since)
+        .exclude(end_reason__in=NOT_PREEMPTIONS)
+        .annotate(lost=Count("interruption") + F("outbids"))
+        .values_list("rental", "gpu_name", "bid_margin", "rented_at", "ended_at", "lost")
+    )
+    seen: dict[tuple[str, str, float], list[float]] = {}
+    for kind, gpu, margin, start, end, lost in rented:
+        key = (kind, gpu, selection.margin_bucket(margin or 0.0) if margin is not None else 0.0)
+        counts = seen.setdefault(key, [0, 0.0])
+        counts[0] += lost
+        counts[1] += max(((end or now) - start).total_seconds(), 0.0) / 3600
+    return selection.PreemptionRates({k: (int(n), h) for k, (n, h) in seen.items()})
+
+
 def instance_fields(instance: Instance) -> dict:
     """The attempt's host and rates taken from an adopted instance (no offer was recorded):
     spend and reconciliation need them as much as for a rent that completed normally."""
@@ -206,6 +255,7 @@ def instance_fields(instance: Instance) -> dict:
         "download_usd_per_gb": instance.download_usd_per_gb or 0.0,
         "upload_usd_per_gb": instance.upload_usd_per_gb or 0.0,
         "disk_gb": instance.disk_space_gb or 0.0,
+        "rental": selection.INTERRUPTIBLE if instance.is_bid else selection.ON_DEMAND,
     }
 
 

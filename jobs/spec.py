@@ -17,11 +17,12 @@ import sys
 import tomllib
 from datetime import datetime
 from decimal import Decimal
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from django.conf import settings
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from hosts.vast.parsing import BID_MAX_USD, BID_MIN_USD
 from jobs import lifecycle
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -56,6 +57,13 @@ class RequirementsSpec(_Strict):
     verified_only: bool = True
     datacenter_only: bool = False
     max_dph: float | None = Field(None, gt=0, le=1000, description="max $/h (GPU + storage)")
+    # On-demand, interruptible (a bid over min_bid: cheaper, outbid at any time) or the cheaper
+    # expected total of the two, interruptions priced in (hosts.selection.expected_cost).
+    rental: Literal["on-demand", "interruptible", "auto"] = "auto"
+    # Vast takes bids from $0.001 to $128 per hour (create_instance: `price`).
+    max_bid_dph: float | None = Field(
+        None, ge=BID_MIN_USD, le=BID_MAX_USD, description="highest bid $/h for interruptible"
+    )
 
 
 class ProfileSpec(_Strict):
@@ -66,6 +74,9 @@ class ProfileSpec(_Strict):
     reference_seconds_per_step: float = Field(4.0, gt=0, le=86_400)
     reference_gpu: str = Field("RTX 4090", min_length=1, max_length=60)
     container_start_s: float = Field(60.0, ge=0, le=86_400)
+    # Steps between the script's checkpoints (0: unknown, a tenth of the run): an interruption
+    # redoes half of that on average (hosts.selection.expected_cost).
+    checkpoint_every_steps: int = Field(0, ge=0, le=100_000_000)
 
 
 class JobSpec(_Strict):

@@ -53,7 +53,7 @@ def current_attempt(job: Job) -> Attempt | None:
 
 
 def projected_cost(job: Job, *, now: datetime, spend: Spend) -> float:
-    """Expected total cost of the job (``billing.spend.projected_total``; spend for a finished
+    """Expected total cost of the job (``billing.services.projected_total``; spend for a finished
     one)."""
     if lifecycle.is_terminal(job.state):
         return spend.total
@@ -296,4 +296,33 @@ def preview_offers(spec: JobSpec, *, team, client: VastClient | None = None) -> 
         ranked=data["candidates"],
         estimated_total_usd=data["estimated_total_usd"],
         offers_seen=data["offers_seen"],
+    )
+
+
+def interruptible_blocker(spec: JobSpec, *, team, client: VastClient | None = None) -> str | None:
+    """For a spec that asks for ``rental: interruptible``: why no offer meeting its
+    requirements can be bid on now (none has a ``min_bid``, or none under its
+    ``max_bid_dph``), else None. A marketplace that cannot be asked, or has no matching offer
+    at all, says nothing here: the rent searches again, as for any job."""
+    req = requirements_from_spec(spec)
+    if req.rental != selection.INTERRUPTIBLE:
+        return None
+    own = client is None
+    client = client or VastClient.from_settings(team, retry=PREVIEW_RETRY)
+    try:
+        offers = client.search_offers(
+            selection.vast_query(req), limit=selection.SEARCH_LIMIT, allocated_storage=req.disk_gb
+        )
+    except VastError:
+        return None
+    finally:
+        if own:
+            client.close()
+    kept, _ = selection.filter_offers(offers, req)
+    if not kept or any(selection.rentals_to_weigh(offer, req) for offer in kept):
+        return None
+    cap = f" at or under ${req.max_bid_dph}/h" if req.max_bid_dph else ""
+    return (
+        f"rental is interruptible, but none of the {len(kept)} offers that meet the "
+        f"requirements takes a bid{cap}; ask for rental auto or on-demand, or raise max_bid_dph"
     )

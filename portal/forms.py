@@ -30,6 +30,8 @@ FIELD_PATHS: dict[str, str] = {
     "requirements.verified_only": "verified_only",
     "requirements.datacenter_only": "datacenter_only",
     "requirements.max_dph": "max_dph",
+    "requirements.rental": "rental",
+    "requirements.max_bid_dph": "max_bid_dph",
     "profile.image_gb": "image_gb",
     "profile.model_gb": "model_gb",
     "profile.upload_gb": "upload_gb",
@@ -37,6 +39,7 @@ FIELD_PATHS: dict[str, str] = {
     "profile.reference_seconds_per_step": "reference_seconds_per_step",
     "profile.reference_gpu": "reference_gpu",
     "profile.container_start_s": "container_start_s",
+    "profile.checkpoint_every_steps": "checkpoint_every_steps",
     "keep_last": "keep_last",
     "encrypt_checkpoints": "encrypt_checkpoints",
     "heartbeat_interval_s": "heartbeat_interval_s",
@@ -69,6 +72,7 @@ FIELDSETS = [
             "datacenter_only",
         ],
     ),
+    ("Rental", ["rental", "max_bid_dph"]),
     (
         "Cost model",
         [
@@ -79,6 +83,7 @@ FIELDSETS = [
             "reference_seconds_per_step",
             "reference_gpu",
             "container_start_s",
+            "checkpoint_every_steps",
         ],
     ),
     (
@@ -112,6 +117,11 @@ LABELS = {
     "disk_gb": ("Disk (GB)", "Allocated and billed as storage"),
     "min_cuda": ("Min CUDA version", ""),
     "max_dph": ("Max $/h", "GPU plus this job's storage"),
+    "rental": (
+        "Rental",
+        "auto (the cheaper expected total, interruptions priced in), on-demand or interruptible",
+    ),
+    "max_bid_dph": ("Max bid $/h", "For interruptible rentals; Vast takes $0.001 to $128"),
     "verified_only": ("Verified hosts only", ""),
     "datacenter_only": ("Datacenter hosts only", ""),
     "image_gb": ("Image download (GB)", "Compressed pull"),
@@ -121,6 +131,10 @@ LABELS = {
     "reference_seconds_per_step": ("Seconds per step", "Measured on the reference GPU"),
     "reference_gpu": ("Reference GPU", ""),
     "container_start_s": ("Container start (s)", ""),
+    "checkpoint_every_steps": (
+        "Checkpoint every (steps)",
+        "What an interruption redoes half of; 0: a tenth of the run",
+    ),
     "keep_last": ("Checkpoints to keep", "Older ready checkpoints are pruned"),
     "encrypt_checkpoints": ("Encrypt checkpoints", "AES-256-GCM with a key of this job"),
     "heartbeat_interval_s": ("Heartbeat interval (s)", ""),
@@ -139,12 +153,14 @@ NUMBER_FIELDS = {
     "disk_gb",
     "min_cuda",
     "max_dph",
+    "max_bid_dph",
     "image_gb",
     "model_gb",
     "upload_gb",
     "checkpoint_gb",
     "reference_seconds_per_step",
     "container_start_s",
+    "checkpoint_every_steps",
     "keep_last",
     "heartbeat_interval_s",
     "start_timeout_s",
@@ -162,6 +178,9 @@ def _field(name: str) -> forms.Field:
         widget = forms.Textarea(
             attrs={"rows": 3 if name == "command" else 4, "spellcheck": "false"}
         )
+    elif name == "rental":
+        choices = [(c, c) for c in ("auto", "on-demand", "interruptible")]
+        widget = forms.Select(choices=choices)
     elif name in NUMBER_FIELDS:
         widget = forms.NumberInput(attrs={"step": "any"})
     else:

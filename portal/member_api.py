@@ -38,6 +38,7 @@ from nomadgpu.permissions import (
     member_teams,
     visible_to,
 )
+from portal.figures import interruptible_blocker
 
 
 class PersonalToken(HttpBearer):
@@ -253,6 +254,8 @@ def submit(request: HttpRequest, payload: SubmitIn):
     """Submit a job (the TOML job file's fields as JSON, plus ``team``)."""
     team = choose_submit_team(request.auth, payload.team)
     spec = JobSpec.model_validate(payload.model_dump(exclude={"team"}))
+    if (why := interruptible_blocker(spec, team=team)) is not None:
+        raise HttpError(422, why)  # nothing was created or rented
     now = timezone.now()
     try:
         job = submit_spec(spec, team=team, created_by=request.auth, now=now)

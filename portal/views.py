@@ -148,6 +148,9 @@ def job_new(request: HttpRequest) -> HttpResponse:
 
 
 def _submit(request: HttpRequest, form: JobForm, team) -> Job | None:
+    if (why := portal.interruptible_blocker(form.cleaned_data["spec"], team=team)) is not None:
+        form.add_error("rental", why)
+        return None
     try:
         job = submit_spec(
             form.cleaned_data["spec"], team=team, created_by=request.user, now=timezone.now()

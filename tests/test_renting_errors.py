@@ -86,7 +86,7 @@ def test_a_contract_created_stopped_is_destroyed_at_once_and_the_reason_kept(san
         real = client.create_instance
 
         def underbid(offer_id, **kwargs):
-            return real(offer_id, **kwargs, bid_usd_per_hour=0.001)
+            return real(offer_id, **{**kwargs, "bid_usd_per_hour": 0.001})
 
         client.create_instance = underbid
         assert renting.rent(attempt.pk, now=now, client=client) == "no-offers"

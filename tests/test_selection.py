@@ -410,7 +410,10 @@ def test_the_decision_records_the_choice_runners_up_and_rejections_as_json():
     data = json.loads(json.dumps(decision.as_dict()))
     assert data["chosen_offer_id"] == decision.chosen_offer_id == 1
     assert [c["offer"]["id"] for c in data["candidates"]] == [1, 2, 3]
-    assert data["chosen"]["cost"]["total_usd"] == data["estimated_total_usd"]
+    # The ranking's number: the run's cost plus the expected rework of a lost host.
+    assert data["estimated_total_usd"] == data["chosen"]["rental"]["expected_total_usd"]
+    assert data["chosen"]["cost"]["total_usd"] < data["estimated_total_usd"]
+    assert data["rental"]["rental"]["kind"] == "on-demand"
     assert (data["offers_seen"], data["offers_ranked"], data["offers_rejected"]) == (9, 7, 2)
     assert data["rejected_by_rule"] == {"gpu_name": 1, "reliability": 1}
     assert data["requirements"]["gpu_names"] == ["RTX 4090"]

@@ -21,6 +21,7 @@ from tests.sandbox_support import (
     ROOT,
     Sandbox,
 )
+from tests.test_sandbox_bids import bid_asks, rent_bid, shown
 
 VERSION = "1.9.1"
 VENV = ROOT / "var" / "vastai-venv"
@@ -148,3 +149,14 @@ def test_official_cli_searches_creates_shows_and_destroys(
     assert f"destroying instance {iid}" in destroyed.stdout
     assert json.loads(cli("show", "instance", str(iid), "--raw").stdout) == {"instances": None}
     assert sandbox.status(iid) is None
+
+
+def test_the_official_cli_changes_a_bid(vastai: Path, sandbox: Sandbox, tmp_path: Path):
+    offer = bid_asks(sandbox, 1)[0]
+    iid = rent_bid(sandbox, offer, offer["min_bid"])
+    price = round(offer["min_bid"] + 0.03, 4)
+
+    done = run_cli(vastai, sandbox, tmp_path, "change", "bid", str(iid), "--price", str(price))
+
+    assert "Per gpu bid price changed" in done.stdout
+    assert shown(sandbox, iid)["dph_base"] == price

@@ -16,10 +16,12 @@ midnight therefore brings the next day's row too.
 
 Rates are fixed per instance when it is created (copied from the offer): GPU $/h
 (``dph_base``, or the bid price for interruptible), storage $/h (``storage_cost`` $/GB/month
-* disk GB / 720), traffic $/GB each way. A GB of traffic is 1024³ bytes: the offers'
-``inet_*_cost`` are the hosts' $/TB prices divided by 1024. An ``overcharge`` injection
-multiplies the *billed quantities* of that contract, so its invoice stays self-consistent
-(quantity * rate = amount) but exceeds what was used.
+* disk GB / 720), traffic $/GB each way. A changed bid (``PUT /instances/bid_price/{id}/``)
+prices the GPU hours after it only: each GPU interval carries its own ``rate`` (NULL in older
+state files: the instance's ``gpu_rate``), and the GPU item's "at $x/hour" is the average.
+A GB of traffic is 1024³ bytes: the offers' ``inet_*_cost`` are the hosts' $/TB prices divided
+by 1024. An ``overcharge`` injection multiplies the *billed quantities* of that contract, so
+its invoice stays self-consistent (quantity * rate = amount) but exceeds what was used.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class Usage:
     """What one contract used inside a window, and when."""
 
     gpu_s: float = 0.0
+    gpu_usd: float = 0.0  # GPU seconds times their interval's $/h, / 3600
     disk_s: float = 0.0
     down: int = 0
     up: int = 0
@@ -74,8 +77,9 @@ def window_usage(
     OPEN_END, traffic at exactly HI is left to the next window (day rows never share a byte)."""
     usage = Usage()
     for r in store.rows(
-        "SELECT kind, start, stop FROM usage WHERE instance_id = ? AND start <= ?"
-        " AND (stop IS NULL OR stop >= ?)",
+        "SELECT u.kind, u.start, u.stop, COALESCE(u.rate, i.gpu_rate) AS rate FROM usage u"
+        " JOIN instances i ON i.id = u.instance_id WHERE u.instance_id = ? AND u.start <= ?"
+        " AND (u.stop IS NULL OR u.stop >= ?)",
         (instance_id, hi, lo),
     ):
         a, b = max(r["start"], lo), min(r["stop"] if r["stop"] is not None else now, hi)
@@ -84,6 +88,7 @@ def window_usage(
         usage.touch(a, b)
         if r["kind"] == "gpu":
             usage.gpu_s += b - a
+            usage.gpu_usd += (b - a) / 3600.0 * r["rate"]
         else:
             usage.disk_s += b - a
     for r in store.rows(
@@ -100,16 +105,14 @@ def item_costs(inst: dict, usage: Usage) -> dict[str, tuple[float, float, str]]:
     """Per category: (billed quantity, amount in $, description), overcharge applied."""
     mult = 1.0 + float(inst["overcharge"]) / 100.0
     gpu_h = usage.gpu_s / 3600.0 * mult
+    gpu_usd = usage.gpu_usd * mult
+    gpu_rate = gpu_usd / gpu_h if gpu_h > 0 else inst["gpu_rate"]
     disk_h = usage.disk_s / 3600.0 * mult
     down_gb, up_gb = usage.down / GB * mult, usage.up / GB * mult
     disk_gb = float(json.loads(inst["config"])["disk"])
     storage_month = json.loads(inst["offer"]).get("storage_cost", 0.0)
     return {
-        "gpu": (
-            gpu_h,
-            gpu_h * inst["gpu_rate"],
-            f"{gpu_h:.3f} hours at ${inst['gpu_rate']:.3f}/hour",
-        ),
+        "gpu": (gpu_h, gpu_usd, f"{gpu_h:.3f} hours at ${gpu_rate:.3f}/hour"),
         "disk": (
             disk_h,
             disk_h * inst["disk_rate"],
@@ -143,6 +146,7 @@ def days_usage(store: Store, instance_id: int, lo: float, hi: float, now: float)
         if day.empty():
             continue
         total.gpu_s, total.disk_s = total.gpu_s + day.gpu_s, total.disk_s + day.disk_s
+        total.gpu_usd += day.gpu_usd
         total.down, total.up = total.down + day.down, total.up + day.up
         total.touch(key, key)
     return total
@@ -196,12 +200,18 @@ def billed_total(store: Store, account_id: int, now: float) -> float:
         for r in store.rows("SELECT * FROM instances WHERE account_id = :a", args)
     }
     for r in store.rows(
-        "SELECT u.instance_id AS iid, u.kind, SUM(MIN(COALESCE(u.stop, :now), :now) - u.start) AS s"
+        "SELECT u.instance_id AS iid, u.kind,"
+        " SUM(MIN(COALESCE(u.stop, :now), :now) - u.start) AS s,"
+        " SUM((MIN(COALESCE(u.stop, :now), :now) - u.start) * COALESCE(u.rate, i.gpu_rate)) AS c"
         " FROM usage u JOIN instances i ON i.id = u.instance_id"
         " WHERE i.account_id = :a AND u.start <= :now GROUP BY u.instance_id, u.kind",
         args,
     ):
-        setattr(usage[r["iid"]][1], "gpu_s" if r["kind"] == "gpu" else "disk_s", float(r["s"]))
+        found = usage[r["iid"]][1]
+        if r["kind"] == "gpu":
+            found.gpu_s, found.gpu_usd = float(r["s"]), float(r["c"]) / 3600.0
+        else:
+            found.disk_s = float(r["s"])
     for r in store.rows(
         "SELECT t.instance_id AS iid, t.direction, SUM(t.bytes) AS n FROM traffic t"
         " JOIN instances i ON i.id = t.instance_id WHERE i.account_id = :a AND t.ts <= :now"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -17,6 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from hosts.sandbox.bids import BidSettings
 from hosts.sandbox.instances import INSTANCE_ACTIONS
 from hosts.sandbox.timing import Timing
 
@@ -61,6 +63,36 @@ def build_parser(default_state_dir: Path) -> argparse.ArgumentParser:
     serve.add_argument(
         "--free-image-pull", action="store_true", help="do not bill image pulls as download"
     )
+    market = serve.add_argument_group(
+        "interruptible market (hosts/sandbox/bids.py); under --fast both are off unless given"
+    )
+    market.add_argument(
+        "--outbid-rate-per-h",
+        type=_non_negative,
+        default=None,
+        help="other tenants outbid a running bid at base * exp(-margin / scale) per sandbox "
+        f"hour; this is the base (default {BidSettings.outbid_rate_per_h}, 0 under --fast; 0: off)",
+    )
+    market.add_argument(
+        "--outbid-margin-scale",
+        type=_positive,
+        default=BidSettings.margin_scale,
+        help="margin (bid / min_bid - 1) that divides the rate by e (default %(default)s)",
+    )
+    market.add_argument(
+        "--outbid-hold-h",
+        type=_positive,
+        default=BidSettings.hold_h,
+        help="mean sandbox hours the higher bidder keeps the machine; inf: until outbid in "
+        "turn (default %(default)s)",
+    )
+    market.add_argument(
+        "--min-bid-step-pct",
+        type=_percent,
+        default=None,
+        help="each sandbox hour every min_bid moves by up to ±this %% (seeded), within "
+        f"0.3-1 * dph_base (default {BidSettings.min_bid_step_pct:g}, 0 under --fast; 0: fixed)",
+    )
     serve.add_argument("--verbose", action="store_true", help="log every request")
     inject = sub.add_parser("inject", help="inject a failure into a running sandbox")
     inject.add_argument("action", choices=(*INSTANCE_ACTIONS, *GLOBAL_ACTIONS))
@@ -90,6 +122,7 @@ def serve(args: argparse.Namespace) -> int:
     if args.time_scale is not None:
         timing = Timing(args.time_scale, timing.floor_s, timing.cap_s, args.seed)
     options = Options(
+        bids=bid_settings(args),
         state_dir=args.state_dir,
         host=args.host,
         port=args.port,
@@ -108,6 +141,51 @@ def serve(args: argparse.Namespace) -> int:
     with contextlib.suppress(KeyboardInterrupt):
         App(options).serve()
     return 0
+
+
+def bid_settings(args: argparse.Namespace) -> BidSettings:
+    """The interruptible market's settings. Under ``--fast`` (every test sandbox) random outbids
+    and the min_bid walk are off unless their flag is given, so tests that rent a bid stay
+    deterministic; otherwise both run with their defaults."""
+    default = BidSettings.off() if args.fast else BidSettings()
+    rate, step = args.outbid_rate_per_h, args.min_bid_step_pct
+    return BidSettings(
+        outbid_rate_per_h=default.outbid_rate_per_h if rate is None else rate,
+        margin_scale=args.outbid_margin_scale,
+        hold_h=args.outbid_hold_h,
+        min_bid_step_pct=default.min_bid_step_pct if step is None else step,
+    )
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from exc
+    if math.isnan(value):
+        raise argparse.ArgumentTypeError("not a number")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = _number(text)
+    if value < 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError("must be a finite number >= 0")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = _number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
+def _percent(text: str) -> float:
+    value = _non_negative(text)
+    if value >= 100:
+        raise argparse.ArgumentTypeError("must be under 100")
+    return value
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

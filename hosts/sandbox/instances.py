@@ -11,12 +11,18 @@ keeps its ``pgid`` and the processes stay as they were, stopped.
 Every change goes through ``_update``, which re-derives what is billed right now (GPU while
 running on an online host; storage while the instance exists on an online host) and opens
 or closes usage intervals to match. Billing therefore never drifts from the status.
+
+Interruptible (bid) instances also live in the market of ``bids``: a ``min_bid`` that walks,
+other tenants who outbid at a rate falling with the margin, and the change-bid endpoint.
+``outbid`` marks an instance that lost its machine to a higher bid; ``outbid_resume`` whether
+it restarts once its bid wins again (the renter has not stopped it meanwhile).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import math
 import secrets
 import shlex
 import signal
@@ -28,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from hosts.sandbox import billing, gpu
+from hosts.sandbox.bids import BidMarket, BidSettings
 from hosts.sandbox.market import HOURS_PER_MONTH, Market, public
 from hosts.sandbox.processes import (
     Processes,
@@ -55,6 +62,9 @@ CREATE_LABEL_MAX = 256
 CREATE_SCRIPT_MAX = 4096
 DISK_MIN_GB = 8.0
 PRICE_MIN, PRICE_MAX = 0.001, 128.0
+# Change bid's own range, narrower than create's (vast-ai/docs api-reference/openapi.yaml,
+# `put /api/v0/instances/bid_price/{id}/`: price minimum 0.001, maximum 32, 400 invalid_args).
+BID_CHANGE_MAX = 32.0
 DEFAULT_DISK_GB = 10.0  # the SDK's default; the docs say 8
 ACTIVE = ("created", "loading", "running", "rebooting")  # statuses heading for / at running
 INSTANCE_ACTIONS = (
@@ -104,10 +114,14 @@ class Engine:
         state_dir: Path,
         bill_image_pull: bool = True,
         clock: Callable[[], float] = time.time,
+        bids: BidMarket | None = None,
     ) -> None:
         self.store, self.market, self.timing, self.clock = store, market, timing, clock
         self.state_dir = state_dir
         self.bill_image_pull = bill_image_pull
+        self.bids = bids or BidMarket(
+            market.offers, BidSettings.off(), timing.seed, timing.hour_s, clock()
+        )
         self.processes = Processes(self._on_exit)
         self.url = ""  # the server's base URL, known once it is bound
         self.stopping = False
@@ -206,16 +220,20 @@ class Engine:
         log_event(self.store, inst_id, now, "created", f"ask {offer['id']}")
         if config["target_state"] == "stopped":
             return self._update(inst_id, now, status="stopped", intended="stopped")
-        if config["price"] is not None and config["price"] < float(offer.get("min_bid", 0.0)):
+        floor = self.bids.floor(int(offer["id"]), now)
+        if config["price"] is not None and config["price"] < floor:
             # A bid under the floor is created stopped, like an outbid one, and the create
             # answers success: false with its new_contract (Vast's generated create spec:
             # "false if it started in stopped state"; dstack's api_client.py relies on it).
+            # It starts once its bid wins: a raised bid, or a min_bid that falls below it.
+            self._record_outbid(self.get(inst_id), now, "below min_bid at create", floor)
             return self._update(
                 inst_id,
                 now,
                 status="stopped",
                 intended="stopped",
                 outbid=1,
+                outbid_resume=1,
                 status_msg="outbid: bid below min_bid",
             )
         deadline = now + self.timing.phase(SCHEDULING_S, inst_id, "scheduling")
@@ -252,17 +270,24 @@ class Engine:
             return inst
 
     def _sync_usage(self, inst: dict, now: float) -> None:
+        """Open and close intervals to match ``billed_kinds``; a GPU interval whose rate is no
+        longer the instance's (a changed bid) is closed and a new one opened at the new rate."""
         want = billed_kinds(inst)
         open_rows = self.store.rows(
-            "SELECT id, kind FROM usage WHERE instance_id = ? AND stop IS NULL", (inst["id"],)
+            "SELECT id, kind, rate FROM usage WHERE instance_id = ? AND stop IS NULL",
+            (inst["id"],),
         )
+        kept = set()
         for r in open_rows:
-            if r["kind"] not in want:
+            stale_rate = r["kind"] == "gpu" and r["rate"] not in (None, inst["gpu_rate"])
+            if r["kind"] not in want or stale_rate:
                 self.store.run("UPDATE usage SET stop = ? WHERE id = ?", (now, r["id"]))
-        for kind in want - {r["kind"] for r in open_rows}:
+            else:
+                kept.add(r["kind"])
+        for kind in want - kept:
             self.store.run(
-                "INSERT INTO usage (instance_id, kind, start) VALUES (?, ?, ?)",
-                (inst["id"], kind, now),
+                "INSERT INTO usage (instance_id, kind, start, rate) VALUES (?, ?, ?, ?)",
+                (inst["id"], kind, now, inst["gpu_rate"] if kind == "gpu" else None),
             )
 
     # ---- phases --------------------------------------------------------------------------
@@ -331,6 +356,7 @@ class Engine:
             frozen=0,
             runs=inst["runs"] + 1,
             status_msg="",
+            bid_clock=now if inst["is_bid"] else None,
         )
 
     def _env(self, inst: dict, config: dict) -> dict[str, str]:
@@ -406,7 +432,12 @@ class Engine:
                 )
         self.processes.kill(pgid)
 
-    def stop(self, inst: dict, msg: str = "", intended: str = "stopped") -> dict:
+    def stop(
+        self, inst: dict, msg: str = "", intended: str = "stopped", renter: bool = False
+    ) -> dict:
+        """Stop the container; ``renter``: the renter asked, so an outbid instance will not
+        restart on its own once its bid wins again."""
+        extra = {"outbid_resume": 0} if renter else {}
         updated, pgid = self._release(
             inst["id"],
             self.clock(),
@@ -415,6 +446,8 @@ class Engine:
             deadline=None,
             frozen=0,
             status_msg=msg,
+            bid_clock=None,
+            **extra,
         )
         self.processes.kill(pgid, self.timing.phase(STOP_GRACE_S, inst["id"], "grace"))
         return updated
@@ -425,8 +458,13 @@ class Engine:
         if inst["status"] in ACTIVE:
             self._update(inst["id"], now, intended="running")
             return {"success": True}
+        if inst["is_bid"] and not inst["outbid"] and inst["gpu_rate"] < self.min_bid_now(inst, now):
+            self._outbid(inst, now, "min_bid above the bid at start", "outbid: bid below min_bid")
+            inst = self.get(inst["id"])
         if inst["outbid"]:
-            self._update(inst["id"], now, intended="running")
+            # Queued: it starts when its bid wins again (the docs: "paused until they become
+            # the highest priority"), as a start on a busy machine waits (ref §5).
+            self._update(inst["id"], now, intended="running", outbid_resume=1)
             return {
                 "success": False,
                 "error": "resources_unavailable",
@@ -468,6 +506,165 @@ class Engine:
             deadline=now + self.timing.phase(REBOOT_S, inst["id"], "reboot"),
         )
         self.processes.kill(pgid)
+
+    # ---- the interruptible market (bids.py) ------------------------------------------------
+
+    def min_bid_now(self, inst: dict, now: float) -> float:
+        """What a bid on INST's machine must reach to win it now: the walk's ``min_bid``, or
+        the bid of the tenant who outbid INST while that tenant holds the machine."""
+        floor = self.bids.floor(inst["ask_id"], now)
+        return max(floor, inst["rival_bid"] or 0.0)
+
+    def change_bid(self, inst: dict, body: Any) -> dict:
+        """``PUT /api/v0/instances/bid_price/{id}/`` ``{"client_id": "me", "price": x}``.
+
+        Vast's spec (vast-ai/docs ``api-reference/openapi.yaml``) answers ``{"success": true}``,
+        400 ``invalid_args`` ("Please set a bid price >= 0.001.") outside 0.001-32, and 404
+        ``no_such_instance``. The CLI (vast-ai/vast-cli ``vast.py`` and
+        ``vastai/cli/commands/instances.py``, ``change__bid``) sends ``price: null`` when none
+        is given: "a winning bid price is used as the default", here the current ``min_bid``.
+        What Vast answers for an on-demand instance is not documented: a 400 ``invalid_args``.
+        A bid that reaches ``min_bid`` wins the machine back (the container starts again unless
+        the renter stopped it); one lowered under it loses the machine at once.
+        """
+        if not isinstance(body, dict):
+            raise ApiError(400, "invalid_args", "body must be a JSON object")
+        if not inst["is_bid"]:
+            raise ApiError(
+                400,
+                "invalid_args",
+                f"Instance {inst['id']} is on-demand, not interruptible: it has no bid to change.",
+            )
+        now = self.clock()
+        with self.store.tx():
+            inst = self.get(inst["id"])
+            floor = self.min_bid_now(inst, now)
+            price = _bid_price(body.get("price"), floor)
+            old = inst["gpu_rate"]
+            inst = self._update(
+                inst["id"], now, event=f"bid changed ${old:g}/h -> ${price:g}/h", gpu_rate=price
+            )
+            if inst["outbid"] and price >= floor:
+                self._regain(inst, now, "raised bid")
+            elif not inst["outbid"] and inst["status"] in ACTIVE and price < floor:
+                self._outbid(inst, now, "bid lowered under min_bid", "outbid: bid below min_bid")
+        return {"success": True}
+
+    def _record_outbid(self, inst: dict, now: float, cause: str, min_bid: float) -> None:
+        self.store.run(
+            "INSERT INTO outbids (instance_id, ts, cause, price, min_bid, running_h)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (inst["id"], now, cause, inst["gpu_rate"], min_bid, inst["bid_run_h"]),
+        )
+
+    def _outbid(self, inst: dict, now: float, cause: str, msg: str, **fields: Any) -> None:
+        """A higher bid takes the machine: the container stops and Vast flips the intended
+        state too (cur_state, intended_status and next_state all ``stopped``, as dstack sees
+        it). It restarts when its bid wins again if it was heading for running."""
+        with self.store.tx():
+            inst = self._update(
+                inst["id"],
+                now,
+                outbid=1,
+                outbid_resume=int(inst["status"] in ACTIVE or bool(inst["outbid_resume"])),
+                bid_clock=None,
+                **fields,
+            )
+            self._record_outbid(inst, now, cause, self.min_bid_now(inst, now))
+            self.stop(inst, msg=msg, intended="stopped")
+
+    def _regain(self, inst: dict, now: float, why: str) -> None:
+        """The bid is the highest again: the machine is ours, and the container starts (onstart
+        again) unless the renter stopped it meanwhile or the account has no credit."""
+        with self.store.tx():
+            resume = bool(inst["outbid_resume"]) and inst["status"] in ("stopped", "exited")
+            inst = self._update(
+                inst["id"],
+                now,
+                event=f"bid has priority again ({why})",
+                outbid=0,
+                outbid_resume=0,
+                rival_bid=None,
+                rival_until=None,
+                status_msg="" if inst["status_msg"].startswith("outbid") else inst["status_msg"],
+            )
+            if resume and billing.credit(self.store, inst["account_id"], now) > 0:
+                self._update(inst["id"], now, intended="running")
+                self._load(self.get(inst["id"]), now)
+
+    def tick_bids(self) -> None:
+        """The market moves: holders of outbid machines leave, min_bid walks past bids, and
+        other tenants outbid running instances (``bids``: a Poisson process, rate λ(margin))."""
+        now = self.clock()
+        for r in self.store.rows(
+            "SELECT id FROM instances WHERE destroyed_at IS NULL AND is_bid = 1"
+        ):
+            with self.store.tx():
+                inst = self.get(r["id"])
+                if inst is None or inst["destroyed_at"] is not None:
+                    continue
+                if inst["outbid"]:
+                    self._tick_outbid(inst, now)
+                elif inst["status"] in ACTIVE and inst["gpu_rate"] < self.min_bid_now(inst, now):
+                    floor = self.min_bid_now(inst, now)
+                    msg = f"outbid: min_bid rose to ${floor:g}/h, over the bid"
+                    self._outbid(inst, now, "min_bid rose over the bid", msg)
+                elif inst["status"] == "running" and inst["host_online"]:
+                    self._accrue(inst, now)
+                elif inst["bid_clock"] is not None:
+                    self._update(inst["id"], now, bid_clock=None)
+
+    def _tick_outbid(self, inst: dict, now: float) -> None:
+        if inst["rival_until"] is not None and inst["rival_until"] <= now:
+            inst = self._update(
+                inst["id"], now, event="the higher bid ended", rival_bid=None, rival_until=None
+            )
+        if inst["gpu_rate"] >= self.min_bid_now(inst, now):
+            self._regain(inst, now, "the machine is free again")
+
+    def _accrue(self, inst: dict, now: float) -> None:
+        """Integrate the outbid hazard λ(margin) over the sandbox hours since the last tick,
+        exactly: min_bid is constant between the walk's steps, and the outbid happens where
+        the integral reaches the instance's next unit-exponential draw."""
+        if self.bids.settings.outbid_rate_per_h <= 0:
+            return  # no other tenants: nothing to integrate
+        t = inst["bid_clock"]
+        if t is None or t > now:
+            self._update(inst["id"], now, bid_clock=now)
+            return
+        bids, price = self.bids, inst["gpu_rate"]
+        hazard, run_h = inst["bid_hazard"], inst["bid_run_h"]
+        threshold = bids.threshold(inst["id"], inst["bid_draws"])
+        while t < now:
+            end = min(now, bids.next_change(t))
+            floor = bids.floor(inst["ask_id"], (t + end) / 2)  # constant on [t, end)
+            rate = bids.rate(price, floor)
+            hours = (end - t) / bids.hour_s
+            if rate > 0 and hazard + rate * hours >= threshold:
+                needed = (threshold - hazard) / rate
+                at = t + needed * bids.hour_s
+                self._update(inst["id"], now, bid_run_h=run_h + needed)
+                self._outbid_by_rival(self.get(inst["id"]), now, at, floor)
+                return
+            hazard, run_h, t = hazard + rate * hours, run_h + hours, end
+        self._update(inst["id"], now, bid_clock=now, bid_hazard=hazard, bid_run_h=run_h)
+
+    def _outbid_by_rival(self, inst: dict, now: float, at: float, floor: float) -> None:
+        """Another tenant's bid arrived (at wall time AT, within the last tick): it takes the
+        machine and keeps it for a seeded time; the next draw starts afresh."""
+        draw, price = inst["bid_draws"], inst["gpu_rate"]
+        rival = self.bids.rival_bid(inst["id"], draw, price, floor)
+        hold = self.bids.hold_s(inst["id"], draw)
+        self._outbid(
+            inst,
+            now,
+            "a higher bid",
+            f"outbid: a higher bid (${rival:g}/h) took the machine",
+            rival_bid=rival,
+            rival_until=None if hold is None else at + hold,
+            bid_draws=draw + 1,
+            bid_hazard=0.0,
+        )
 
     # ---- injections ----------------------------------------------------------------------
 
@@ -570,18 +767,31 @@ class Engine:
     def _inject_outbid(self, inst: dict, arg: Any) -> None:
         """Another tenant's higher bid takes the machine: the container stops and Vast flips
         the intended state too, so cur_state, intended_status and next_state all read
-        ``stopped`` (dstack's Vast backend detects an interruption by exactly that). ``end``:
-        the bid has priority again and the container starts (onstart again)."""
+        ``stopped`` (dstack's Vast backend detects an interruption by exactly that). On an
+        interruptible instance that tenant bids 1-25 % more and stays until ``end`` (its
+        ``min_bid`` shows that bid; raising ours to it wins the machine back). ``end``: the
+        tenant leaves and the container starts (onstart again) if the bid now wins. Works on
+        on-demand instances too, for chaos tests (only ``end`` brings those back)."""
+        now = self.clock()
         if arg in ("end", "resume"):
-            self._update(inst["id"], self.clock(), event="bid has priority again", outbid=0)
-            if inst["status"] == "stopped":
-                self._update(inst["id"], self.clock(), intended="running")
-                self.start(self.get(inst["id"]))
+            if not inst["outbid"]:
+                return
+            if not inst["is_bid"] or inst["gpu_rate"] >= self.bids.floor(inst["ask_id"], now):
+                self._regain(inst, now, "injected")
+            else:  # the injected tenant left, but min_bid alone is over the bid
+                self._update(inst["id"], now, rival_bid=None, rival_until=None)
             return
-        self._update(inst["id"], self.clock(), outbid=1)
-        self.stop(
-            self.get(inst["id"]), msg="outbid: a higher bid took the machine", intended="stopped"
-        )
+        if inst["outbid"]:
+            return
+        rival = {}
+        if inst["is_bid"]:
+            floor = self.bids.floor(inst["ask_id"], now)
+            count = self.store.row(
+                "SELECT COUNT(*) AS n FROM outbids WHERE instance_id = ?", (inst["id"],)
+            )["n"]
+            bid = self.bids.rival_bid(inst["id"], f"inject{count}", inst["gpu_rate"], floor)
+            rival = {"rival_bid": bid, "rival_until": None}
+        self._outbid(inst, now, "injected", "outbid: a higher bid took the machine", **rival)
 
     def _inject_reboot(self, inst: dict, arg: Any) -> None:
         self.reboot(inst)
@@ -743,6 +953,7 @@ class Engine:
             "frozen": bool(inst["frozen"]),
             "host_online": bool(inst["host_online"]),
             "outbid": bool(inst["outbid"]),
+            "bid": self._bid_view(inst, now),
             "gpu_fault": inst["gpu_fault"],
             "slow": inst["slow"],
             "overcharge": inst["overcharge"],
@@ -764,6 +975,45 @@ class Engine:
             "billed": {k: amount for k, (_, amount, _) in costs.items()},
             "events": events,
         }
+
+    def _bid_view(self, inst: dict, now: float) -> dict | None:
+        """The interruptible market as it stands for INST (None for on-demand)."""
+        if not inst["is_bid"]:
+            return None
+        floor = self.bids.floor(inst["ask_id"], now)
+        outbids = self.store.rows(
+            "SELECT ts, cause, price, min_bid, running_h FROM outbids WHERE instance_id = ?"
+            " ORDER BY id",
+            (inst["id"],),
+        )
+        return {
+            "price": inst["gpu_rate"],
+            "min_bid": self.min_bid_now(inst, now),
+            "walk_min_bid": floor,
+            "outbid_rate_per_h": self.bids.rate(inst["gpu_rate"], floor),
+            "rival_bid": inst["rival_bid"],
+            "rival_until": inst["rival_until"],
+            "resume_when_priority_returns": bool(inst["outbid_resume"]),
+            "running_h": inst["bid_run_h"],
+            "hazard": inst["bid_hazard"],
+            "next_outbid_at_hazard": self.bids.threshold(inst["id"], inst["bid_draws"]),
+            "outbids": outbids,
+        }
+
+
+def _bid_price(value: Any, winning: float) -> float:
+    """A change-bid price: None means the winning price (the CLI's "a winning bid price is used
+    as the default"); otherwise a number in Vast's documented 0.001-32 range."""
+    if value is None:
+        return winning
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ApiError(400, "invalid_args", "Please set a bid price >= 0.001.")
+    price = float(value)
+    if not math.isfinite(price) or price < PRICE_MIN:
+        raise ApiError(400, "invalid_args", "Please set a bid price >= 0.001.")
+    if price > BID_CHANGE_MAX:
+        raise ApiError(400, "invalid_args", f"Please set a bid price <= {BID_CHANGE_MAX:g}.")
+    return price
 
 
 def _applies_after_destroy(inst: dict, action: str) -> bool:
@@ -943,11 +1193,17 @@ def _script(config: dict) -> str:
 
 # The ticker thread lives with the engine it drives.
 def run_ticker(engine: Engine, interval_s: float, stop: threading.Event) -> None:
-    """Advance phases every ``interval_s``; once a second, enforce credit and note liveness."""
-    last_slow = 0.0
+    """Advance phases every ``interval_s``; move the interruptible market every hundredth of a
+    sandbox hour (at most once a second: its hazard is integrated exactly, only when an outbid
+    is applied waits for it); once a second, enforce credit and note liveness."""
+    last_slow = last_bids = 0.0
+    bids_every = min(1.0, max(interval_s, engine.bids.hour_s / 100))
     while not stop.wait(interval_s):
         try:
             engine.tick()
+            if engine.clock() - last_bids >= bids_every:
+                last_bids = engine.clock()
+                engine.tick_bids()
             if engine.clock() - last_slow >= 1.0:
                 last_slow = engine.clock()
                 engine.enforce_credit()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,8 +97,16 @@ class Market:
         """The hidden slowness of the machine behind an ask (1.0 = normal)."""
         return float(self.offers.get(ask_id, {}).get("sim_speed_factor", 1.0))
 
-    def search(self, query: dict, rented: set[int], gone: set[int], now: float) -> list[dict]:
-        """Offers matching a Vast search query, priced for its storage and type."""
+    def search(
+        self,
+        query: dict,
+        rented: set[int],
+        gone: set[int],
+        now: float,
+        min_bid: Callable[[int], float] | None = None,
+    ) -> list[dict]:
+        """Offers matching a Vast search query, priced for its storage and type; MIN_BID gives
+        an ask's current ``min_bid`` (the interruptible market's, ``bids``), else the file's."""
         q = dict(query or {})
         order = q.pop("order", [["score", "desc"]]) or []
         limit = _limit(q.pop("limit", None))
@@ -115,17 +124,27 @@ class Market:
             if ask_id in gone or float(offer.get("disk_space", 0)) < storage:
                 continue
             taken = ask_id in rented or ask_id in self.taken_by_others
-            row = offer_row(offer, storage, kind, taken, now)
+            floor = min_bid(ask_id) if min_bid is not None else None
+            row = offer_row(offer, storage, kind, taken, now, floor)
             if matches(lambda field, row=row: _virtual(row, field, q.get(field)), q):
                 rows.append(row)
         keys = [(ALIASES.get(str(f), str(f)), d) for f, d in _order_pairs(order)]
         return sort_rows(rows, keys)[:limit]
 
 
-def offer_row(offer: dict, storage_gb: float, kind: str, rented: bool, now: float) -> dict:
+def offer_row(
+    offer: dict,
+    storage_gb: float,
+    kind: str,
+    rented: bool,
+    now: float,
+    min_bid: float | None = None,
+) -> dict:
     """One served offer: the public fields plus the query-dependent ones."""
     row = {**DEFAULTS, **public(offer)}
-    gpu_price = float(offer["min_bid"] if kind == "bid" else offer["dph_base"])
+    if min_bid is not None:
+        row["min_bid"] = min_bid
+    gpu_price = float(row["min_bid"] if kind == "bid" else offer["dph_base"])
     storage_hour = float(offer.get("storage_cost", 0.0)) * storage_gb / HOURS_PER_MONTH
     total = gpu_price + storage_hour
     prices = {

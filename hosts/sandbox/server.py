@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from hosts.sandbox import billing, traffic
+from hosts.sandbox.bids import BidMarket, BidSettings
 from hosts.sandbox.instances import ApiError, Engine, run_ticker
 from hosts.sandbox.market import Market
 from hosts.sandbox.query import QueryError
@@ -47,6 +48,7 @@ class Options:
     relaxed_rate_limits: bool = False
     retry_after: bool = False
     timing: Timing = field(default_factory=Timing)
+    bids: BidSettings = field(default_factory=BidSettings.off)
     bill_image_pull: bool = True
     verbose: bool = False
 
@@ -102,8 +104,20 @@ class App:
         options.state_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store(options.state_dir / "sandbox.sqlite3")
         self.market = Market.from_file(options.market, options.seed)
+        # The min_bid walk counts sandbox hours from the state's first start, so a restart
+        # (or a second run with the same seed and a fresh state) walks the same way.
+        epoch = float(self.store.meta("bid_epoch") or time.time())
+        self.store.set_meta("bid_epoch", repr(epoch))
+        self.bids = BidMarket(
+            self.market.offers, options.bids, options.seed, options.timing.hour_s, epoch
+        )
         self.engine = Engine(
-            self.store, self.market, options.timing, options.state_dir, options.bill_image_pull
+            self.store,
+            self.market,
+            options.timing,
+            options.state_dir,
+            options.bill_image_pull,
+            bids=self.bids,
         )
         self.limiter = RateLimiter(
             enabled=not options.relaxed_rate_limits, scaled=options.timing.rate_interval
@@ -207,12 +221,25 @@ class App:
     def _search(self, query: Any, select_cols: Any = None) -> Reply:
         if not isinstance(query, dict):
             raise QueryError("the query must be a JSON object")
+        now = time.time()
+        rented = self.engine.rented_asks()
         offers = self.market.search(
-            query, self.engine.rented_asks(), self.engine.gone_asks(), time.time()
+            query, rented, self.engine.gone_asks(), now, self._min_bids(rented, now)
         )
         if isinstance(select_cols, list) and select_cols and select_cols != ["*"]:
             offers = [{c: o.get(c) for c in select_cols} for o in offers]
         return Reply(200, {"offers": offers})
+
+    def _min_bids(self, rented: set[int], now: float) -> Callable[[int], float]:
+        """Each ask's min_bid now: the walk's, or the bid of a tenant holding the machine."""
+        rivals = {
+            r["ask_id"]: r["rival_bid"]
+            for r in self.store.rows(
+                "SELECT ask_id, rival_bid FROM instances"
+                " WHERE destroyed_at IS NULL AND rival_bid IS NOT NULL"
+            )
+        }
+        return lambda ask: max(self.bids.floor(ask, now), rivals.get(ask) or 0.0)
 
     @route("POST", "/api/v0/bundles", "bundles", "none")
     def search_post(self, req: Request) -> Reply:
@@ -260,7 +287,7 @@ class App:
         inst, body = self._owned(req), req.body if isinstance(req.body, dict) else {}
         if "state" in body:
             if body["state"] == "stopped":
-                self.engine.stop(inst)
+                self.engine.stop(inst, renter=True)
                 return ok()
             if body["state"] == "running":
                 return ok(self.engine.start(inst))
@@ -274,6 +301,13 @@ class App:
     def destroy(self, req: Request) -> Reply:
         self.engine.destroy(self._owned(req))
         return ok({"success": True, "msg": f"Instance {req.ids['id']} destroyed."})
+
+    @route("PUT", r"/api/v0/instances/bid_price/(?P<id>\d+)", "bid_price", "user")
+    def change_bid(self, req: Request) -> Reply:
+        inst = self.engine.owned(req.account["id"], req.ids["id"])
+        if inst is None:  # the change-bid spec's own 404 (vast-ai/docs openapi.yaml)
+            raise ApiError(404, "no_such_instance", "Instance with that ID does not exist.")
+        return ok(self.engine.change_bid(inst, req.body if req.body is not None else {}))
 
     @route("PUT", r"/api/v0/instances/reboot/(?P<id>\d+)", "reboot", "user")
     def reboot(self, req: Request) -> Reply:
@@ -319,6 +353,13 @@ class App:
                 "url": self.engine.url,
                 "seed": o.seed,
                 "time_scale": o.timing.scale,
+                "sandbox_hour_s": o.timing.hour_s,
+                "bids": {
+                    "outbid_rate_per_h": o.bids.outbid_rate_per_h,
+                    "outbid_margin_scale": o.bids.margin_scale,
+                    "outbid_hold_h": o.bids.hold_h,
+                    "min_bid_step_pct": o.bids.min_bid_step_pct,
+                },
                 "relaxed_rate_limits": o.relaxed_rate_limits,
                 "offers": len(self.market.offers),
             }

@@ -67,7 +67,14 @@ CREATE TABLE IF NOT EXISTS instances (
     pgid INTEGER,
     runs INTEGER NOT NULL DEFAULT 0,
     destroyed_at REAL,
-    destroyed_by TEXT
+    destroyed_by TEXT,
+    outbid_resume INTEGER NOT NULL DEFAULT 0,
+    rival_bid REAL,
+    rival_until REAL,
+    bid_clock REAL,
+    bid_hazard REAL NOT NULL DEFAULT 0,
+    bid_draws INTEGER NOT NULL DEFAULT 0,
+    bid_run_h REAL NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS instances_account ON instances (account_id, destroyed_at);
 CREATE INDEX IF NOT EXISTS instances_ask ON instances (ask_id) WHERE destroyed_at IS NULL;
@@ -76,7 +83,8 @@ CREATE TABLE IF NOT EXISTS usage (
     instance_id INTEGER NOT NULL,
     kind TEXT NOT NULL,
     start REAL NOT NULL,
-    stop REAL
+    stop REAL,
+    rate REAL
 );
 CREATE INDEX IF NOT EXISTS usage_instance ON usage (instance_id, stop);
 CREATE TABLE IF NOT EXISTS traffic (
@@ -95,7 +103,31 @@ CREATE TABLE IF NOT EXISTS events (
     detail TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS events_instance ON events (instance_id, id);
+CREATE TABLE IF NOT EXISTS outbids (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    instance_id INTEGER NOT NULL,
+    ts REAL NOT NULL,
+    cause TEXT NOT NULL,
+    price REAL NOT NULL,
+    min_bid REAL NOT NULL,
+    running_h REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS outbids_instance ON outbids (instance_id, id);
 """
+# Columns added after state files were first written: ``Store`` adds them to an older file.
+# (The interruptible market's, ``bids.py``: the rival's bid and until when it holds the machine,
+# whether the instance restarts when its bid wins again, and the outbid process's hazard; a
+# GPU interval's own $/h, since a changed bid prices the hours after it only.)
+ADDED_COLUMNS = (
+    ("instances", "outbid_resume", "INTEGER NOT NULL DEFAULT 0"),
+    ("instances", "rival_bid", "REAL"),
+    ("instances", "rival_until", "REAL"),
+    ("instances", "bid_clock", "REAL"),
+    ("instances", "bid_hazard", "REAL NOT NULL DEFAULT 0"),
+    ("instances", "bid_draws", "INTEGER NOT NULL DEFAULT 0"),
+    ("instances", "bid_run_h", "REAL NOT NULL DEFAULT 0"),
+    ("usage", "rate", "REAL"),
+)
 
 
 class Store:
@@ -111,7 +143,15 @@ class Store:
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
         self.conn.executescript(SCHEMA)
+        self._add_columns()
         self._seed_sequences()
+
+    def _add_columns(self) -> None:
+        for table, column, decl in ADDED_COLUMNS:
+            have = {r["name"] for r in self.rows(f"PRAGMA table_info({table})")}
+            if column not in have:
+                # Names come from ADDED_COLUMNS above, never from a request.
+                self.run(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
 
     def _seed_sequences(self) -> None:
         for table, first in (("instances", FIRST_INSTANCE_ID), ("accounts", FIRST_ACCOUNT_ID)):

@@ -52,6 +52,13 @@ class Timing:
             seconds = min(seconds, self.cap_s)
         return max(seconds, self.floor_s)
 
+    @property
+    def hour_s(self) -> float:
+        """Wall seconds in one sandbox hour, the unit of the interruptible market's rates and of
+        its min_bid walk (``bids``): scaled like everything else but never clamped, since it is
+        a rate, not a phase (``--fast``: 36 s)."""
+        return 3600.0 * self.scale
+
     def rate_interval(self, real_s: float) -> float:
         """A rate limit's minimum interval between calls: scaled like the phases, but never under
         ``RATE_LIMIT_MIN_SCALE`` of the real one, so two calls in a row from a client on a busy

@@ -121,7 +121,8 @@ def instance_json(engine: Engine, inst: dict, now: float) -> dict[str, Any]:
         "search": prices,
         # Vast shows the live GPU price as 0 while the GPU is not billed (doc example) [INF].
         "instance": {**prices, "gpuCostPerHour": inst["gpu_rate"] if running else 0.0},
-        "min_bid": offer.get("min_bid"),
+        # The machine's min_bid now (the interruptible market's walk, or a winning bid).
+        "min_bid": engine.min_bid_now(inst, now) if offer.get("min_bid") is not None else None,
         "is_bid": bool(inst["is_bid"]),
         "reliability2": offer.get("reliability"),
         "verification": offer.get("verification"),

@@ -344,6 +344,21 @@ class VastClient:
         """Start; `queued` is true when the GPU is busy and Vast waits for it (ref §5)."""
         return self._set_state(instance_id, "running")
 
+    def change_bid(self, instance_id: int, price: float) -> None:
+        """Set an interruptible instance's bid, $/h per machine (`PUT /api/v0/instances/
+        bid_price/{id}/` with `{"client_id": "me", "price": x}`, ref §5, as the CLI's
+        `vastai change bid` sends it). A bid that reaches the machine's `min_bid` wins it back
+        from a higher bidder; one lowered under it loses the machine.
+
+        Vast's spec (vast-ai/docs `openapi.yaml`) answers `{"success": true}`, 400
+        `invalid_args` for a price outside 0.001-32 (`ProviderError`) and 404
+        `no_such_instance` (`InstanceGone`). Setting a price is idempotent, so 429s (one call per
+        5.5 s, ref §1, a JSON `detail` naming the threshold) and network errors are retried.
+        """
+        body = {"client_id": "me", "price": float(price)}
+        path = f"/api/v0/instances/bid_price/{instance_id}/"
+        _require_success(self._request("PUT", path, body=body))
+
     def _set_state(self, instance_id: int, state: str) -> StateChange:
         path = f"/api/v0/instances/{instance_id}/"
         data = self._request("PUT", path, body={"state": state})

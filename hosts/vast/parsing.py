@@ -40,6 +40,8 @@ HOURS_PER_STORAGE_MONTH = 720  # ref §2: storage_total_cost = storage_cost * GB
 MIB_PER_GIB = 1024
 GB_PER_TB = 1024  # ref §2 / market README: $/TB prices ÷ 1024 give the $/GB field
 BID_MIN_USD, BID_MAX_USD = 0.001, 128.0  # ref §3: accepted `price` range
+# A bid changed later may not go as high (vast-ai/docs openapi.yaml, change-bid: 0.001-32).
+CHANGE_BID_MAX_USD = 32.0
 # ref §3: the SDK's spelling of "ssh, direct and proxied"; Vast runs `onstart` only in the
 # ssh/jupyter launch modes (`args` keeps the image's entrypoint and ignores it).
 DEFAULT_RUNTYPE = "ssh_direc ssh_proxy"
