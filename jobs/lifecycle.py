@@ -218,15 +218,8 @@ def _refused_rent(job: Job, verdict: spending.Verdict, *, now: datetime) -> None
     shows as paused_budget and an admin resumes it after raising the limit, or in a new
     period); any other waits and asks again after the verdict's RETRY_AFTER_S."""
     if verdict.pause:
-        release_job(
-            job.pk,
-            to=S.PAUSED_BUDGET,
-            now=now,
-            kind="budget_paused",
-            reason="budget",
-            message=f"paused while recovering: {verdict.reason}; raise the limit and resume",
-            data={"blocker": verdict.reason},
-        )
+        message = f"paused while recovering: {verdict.reason}; raise the limit and resume"
+        pause_for_budget(job.pk, message=message, data={"blocker": verdict.reason}, now=now)
         return
     Job.objects.filter(pk=job.pk).update(
         next_rent_at=now + timedelta(seconds=verdict.retry_after_s)
@@ -555,12 +548,18 @@ def act_on_budget(action: BudgetAction, *, now: datetime) -> None:
         state = Job.objects.select_for_update().values_list("state", flat=True)
         if state.get(pk=action.job_id) in TERMINAL:
             return
-        release_job(
-            action.job_id,
-            to=S.PAUSED_BUDGET,
-            now=now,
-            kind="budget_paused",
-            reason="budget",
-            message=action.message,
-            data=action.data,
-        )
+        pause_for_budget(action.job_id, message=action.message, data=action.data, now=now)
+
+
+def pause_for_budget(job_id: int, *, message: str, data: dict, now: datetime) -> None:
+    """JOB_ID goes paused_budget (MESSAGE names the limit) and its machine is released; it
+    resumes from its newest checkpoint (``resume_job``)."""
+    release_job(
+        job_id,
+        to=S.PAUSED_BUDGET,
+        now=now,
+        kind="budget_paused",
+        reason="budget",
+        message=message,
+        data=data,
+    )
