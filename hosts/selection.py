@@ -823,12 +823,11 @@ def outbid_choice_from_decision(
         move_price = move["gpu_usd_per_hour"]
         move_rate = move.get("preemptions_per_h") or 0.0
         move_spp = move_cost.get("seconds_per_step") or stay_spp
-    else:  # nowhere else to go but this offer, on demand
+    else:  # no other machine was ranked: a machine like this one, on demand, stands in
         move, move_price, move_spp = rental, on_demand or math.inf, stay_spp
         move_rate = rates.rate(ON_DEMAND, gpu)[0]
-    move_rework = max(
-        (move.get("rework_usd") or 0.0) - move_price * (move.get("redo_h") or 0.0), 0.0
-    )
+    redone_usd = (move.get("gpu_usd_per_hour") or 0.0) * (move.get("redo_h") or 0.0)
+    move_rework = max((move.get("rework_usd") or 0.0) - redone_usd, 0.0)
     caps = [c for c in (max_bid_dph, on_demand) if c]
     return outbid_choice(
         steps_left=steps_left,
