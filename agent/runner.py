@@ -191,22 +191,34 @@ class Agent:
             raise ck.RestoreError("the checkpoint is encrypted but no key was given")
         download = self.o.checkpoint_dir / f".resume-{step}.download"
         target = self.o.checkpoint_dir / f"resume-{step}"
+        key = a.data_key if resume.get("encrypted") else None
         log.info("restoring checkpoint step %d (%s bytes)", step, resume["object"]["size"])
         for attempt in range(1, RESTORE_TRIES + 1):
             try:
-                ck.download_verified(self.storage, resume["object"], download, counter=self.counter)
+                # Downloads over parallel ranged GETs and unpacks as the bytes arrive; only a
+                # failed download or sha256 is worth another try, not an unpack of good bytes.
+                stats = ck.restore(
+                    self.storage,
+                    resume["object"],
+                    target,
+                    scratch=download,
+                    data_key=key,
+                    counter=self.counter,
+                )
                 break
-            except ck.RestoreError as exc:
+            except ck.DownloadError as exc:
                 if attempt == RESTORE_TRIES or self.fenced.is_set():
                     raise
                 log.warning("download failed (%s); retrying", exc)
                 time.sleep(attempt)
-        try:
-            key = a.data_key if resume.get("encrypted") else None
-            ck.unpack(download, target, data_key=key)
-        finally:
-            download.unlink(missing_ok=True)
-        log.info("restored checkpoint step %d into %s", step, target)
+        log.info(
+            "restored checkpoint step %d into %s in %.1f s (download %.1f s, %d connection(s))",
+            step,
+            target,
+            stats.total_s,
+            stats.download_s,
+            stats.connections,
+        )
         return target
 
     # --- the command ----------------------------------------------------------------------
