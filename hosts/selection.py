@@ -345,6 +345,9 @@ class JobProfile:
     container_start_s: float = 60.0
     checkpoint_gb: float = 0.0
     checkpoint_every_steps: int = 0  # 0: unknown, taken as a tenth of the run
+    # "script" or "auto" (the supervisor also asks, jobs.checkpoint_interval); the cost model
+    # does not read it: it rides along in the job's profile.
+    checkpoint: str = "script"
 
     @property
     def steps_remaining(self) -> int:
@@ -642,10 +645,16 @@ class RentalCost:
         return {k: None if isinstance(v, float) and math.isinf(v) else v for k, v in data.items()}
 
 
+UNKNOWN_INTERVAL_MAX_H = 1.0
+
+
 def checkpoint_interval_h(profile: JobProfile, seconds_per_step: float) -> float:
-    """Hours between two checkpoints (a tenth of the run when the job does not say)."""
-    steps = profile.checkpoint_every_steps or max(profile.steps_total // 10, 1)
-    return steps * seconds_per_step / SECONDS_PER_HOUR
+    """Hours between two checkpoints: the job's own, else a tenth of the run but at most
+    ``UNKNOWN_INTERVAL_MAX_H`` (scripts that do not say rarely go hours without saving)."""
+    if profile.checkpoint_every_steps:
+        return profile.checkpoint_every_steps * seconds_per_step / SECONDS_PER_HOUR
+    tenth = max(profile.steps_total // 10, 1) * seconds_per_step / SECONDS_PER_HOUR
+    return min(tenth, UNKNOWN_INTERVAL_MAX_H)
 
 
 def expected_cost(
@@ -728,8 +737,9 @@ def best_rental(
         for rental in rentals_to_weigh(offer, req)
         if (cost := expected_cost(offer, profile, speeds, req, rental, rates)) is not None
     ]
-    finite = [c for c in costs if math.isfinite(c.expected_total_usd)]
-    return min(finite, key=lambda c: (c.expected_total_usd, c.rental.bid_margin), default=None)
+    # Interruptions faster than the work give an infinite total: such a way ranks last, but
+    # an offer whose every way is infinite (a run of thousands of hours) is still an offer.
+    return min(costs, key=lambda c: (c.expected_total_usd, c.rental.bid_margin), default=None)
 
 
 @dataclass(frozen=True)
@@ -968,9 +978,10 @@ class Decision:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready, to store on the attempt and show on the job page."""
         req = self.requirements
+        total = self.chosen.expected_total_usd
         return {
             "chosen_offer_id": self.chosen_offer_id,
-            "estimated_total_usd": self.chosen.expected_total_usd,
+            "estimated_total_usd": total if math.isfinite(total) else None,
             "rental": self.chosen.rental.as_dict(),
             "alternatives": self.alternatives,
             "chosen": self.chosen.as_dict(req),

@@ -220,3 +220,14 @@ def test_the_move_is_the_decisions_best_candidate_on_another_machine():
         1 + second["preemptions_per_h"] * move_h
     )
     assert choice.move_usd == pytest.approx(expected)
+
+
+def test_a_run_of_thousands_of_hours_is_still_rented_though_it_never_finishes_in_expectation():
+    endless = JobProfile(image_gb=3, model_gb=0, upload_gb=0, steps_total=1_000_000)
+    decision = choose_offer([make_offer(min_bid=None)], REQ, endless, REFERENCE)
+
+    assert decision is not None  # an on-demand job is not turned away for its length
+    assert decision.as_dict()["estimated_total_usd"] is None or math.isfinite(
+        decision.as_dict()["estimated_total_usd"]
+    )
+    assert selection.checkpoint_interval_h(endless, 4.0) == selection.UNKNOWN_INTERVAL_MAX_H
