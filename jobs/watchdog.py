@@ -21,7 +21,6 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db.models import F
-from django.utils import timezone
 
 from hosts import selection
 from hosts.vast import Instance, VastClient, VastError
@@ -231,7 +230,9 @@ def is_outbid(instance: Instance) -> bool:
     return bool(instance.is_bid) and stopped == ("stopped",) * 3
 
 
-def outbid_choice_for(attempt: Attempt, instance: Instance) -> selection.OutbidChoice:
+def outbid_choice_for(
+    attempt: Attempt, instance: Instance, *, now: datetime
+) -> selection.OutbidChoice:
     """``selection.outbid_choice_from_decision`` with ATTEMPT's numbers: the steps left from
     its newest checkpoint at its observed speed, the margin it bid, the machine's new floor
     and the team's interruption history."""
@@ -245,7 +246,7 @@ def outbid_choice_for(attempt: Attempt, instance: Instance) -> selection.OutbidC
         bid_margin=attempt.bid_margin or 0.0,
         new_min_bid=instance.min_bid,
         max_bid_dph=job.requirements.get("max_bid_dph"),
-        rates=renting.preemption_rates(job.team_id, now=timezone.now()),
+        rates=renting.preemption_rates(job.team_id, now=now),
     )
 
 
@@ -258,7 +259,7 @@ def raise_bid_if_it_pays(
     its start timeout again. Otherwise, or when Vast refuses the new bid, False: the caller
     handles it as a loss and the job moves. One contract either way: the attempt is the same
     instance, or it is destroyed before a replacement is rented."""
-    choice = outbid_choice_for(attempt, instance)
+    choice = outbid_choice_for(attempt, instance, now=now)
     if choice.raise_to is None:
         lifecycle.record_event(attempt.job_id, now=now, kind="outbid", message=choice.why)
         return False

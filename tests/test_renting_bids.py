@@ -90,7 +90,7 @@ def test_an_outbid_job_that_raises_its_bid_keeps_its_host_and_is_no_interruption
     floor = vast.show_instance(attempt.instance_id).min_bid
     raise_to = round(floor * 1.2, 4)
     monkeypatch.setattr(
-        watchdog, "outbid_choice_for", lambda a, i: selection.OutbidChoice(raise_to, 1.0, 2.0)
+        watchdog, "outbid_choice_for", lambda a, i, now: selection.OutbidChoice(raise_to, 1.0, 2.0)
     )
 
     assert watchdog.poll_providers(timezone.now()) == []
@@ -114,7 +114,7 @@ def test_an_outbid_job_that_moves_avoids_the_machine_but_does_not_blame_it(
     attempt = rented_bid(vast)
     outbid(sandbox, vast, attempt)
     monkeypatch.setattr(
-        watchdog, "outbid_choice_for", lambda a, i: selection.OutbidChoice(None, 2.0, 1.0)
+        watchdog, "outbid_choice_for", lambda a, i, now: selection.OutbidChoice(None, 2.0, 1.0)
     )
     now = timezone.now()
 
