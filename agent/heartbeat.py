@@ -37,6 +37,7 @@ class Heartbeater:
         snapshot: Callable[[], dict[str, Any]],
         on_command: Callable[[str], None],
         on_token_dead: Callable[[], None],
+        on_delivered: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.api = api
         self.interval_s = interval_s
@@ -44,6 +45,7 @@ class Heartbeater:
         self.snapshot = snapshot
         self.on_command = on_command
         self.on_token_dead = on_token_dead
+        self.on_delivered = on_delivered  # told each body the supervisor answered
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._sending = threading.Lock()  # one heartbeat at a time, seq strictly increasing
@@ -94,7 +96,10 @@ class Heartbeater:
     def _beat(self) -> None:
         with self._sending:
             self.seq += 1
-            reply = self.api.call("heartbeat", {"seq": self.seq, **self.snapshot()})
+            body = {"seq": self.seq, **self.snapshot()}
+            reply = self.api.call("heartbeat", body)
+            if self.on_delivered is not None:  # before the next beat takes its snapshot
+                self.on_delivered(body)
         self.interval_s = clamp_interval(reply.get("heartbeat_interval_s"), self.interval_s)
         command = reply.get("command") or "continue"
         if command not in COMMANDS:

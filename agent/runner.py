@@ -39,6 +39,7 @@ from agent.gpu import GpuMonitor, query_gpus, unhealthy
 from agent.heartbeat import Heartbeater, clamp_interval
 from agent.logs import LogTail, OutputPump, RotatingFile, TailHandler
 from agent.netdev import NetCounter
+from agent.phases import PhaseClock
 from agent.progress import ProgressWatcher
 from agent.uploader import Uploader
 
@@ -109,6 +110,7 @@ def parse_assignment(reply: dict[str, Any]) -> Assignment:
 class Agent:
     def __init__(self, options: Options) -> None:
         self.o = options
+        self.phases = PhaseClock()  # first: the agent's start is a boundary
         self.tail = LogTail()
         self.counter = ck.ByteCounter()
         self.net = NetCounter()  # the baseline: what moved before the agent started is not ours
@@ -163,11 +165,15 @@ class Agent:
 
     def _register(self, api: SupervisorClient) -> Assignment | None:
         self.gpu.latest = query_gpus(self.o.gpu_timeout_s)  # the first heartbeat's reading
-        body = {
-            "agent_version": agent.__version__,
-            "hostname": socket.gethostname(),
-            "python": platform.python_version(),
-        }
+
+        def body() -> dict[str, Any]:  # the phases' ages as of each try
+            return {
+                "agent_version": agent.__version__,
+                "hostname": socket.gethostname(),
+                "python": platform.python_version(),
+                "phases": self.phases.pending(),
+            }
+
         while True:
             try:
                 reply = call_until_answered(api, "register", body, stop=self.terminated)
@@ -178,6 +184,7 @@ class Agent:
                 continue
             if reply is None:
                 return None
+            self.phases.delivered(("container_started", "deps_ready"))
             a = parse_assignment(reply)
             log.info("registered: job %s attempt %d", a.job_id, a.attempt_no)
             return a
@@ -205,6 +212,9 @@ class Agent:
                     data_key=key,
                     counter=self.counter,
                 )
+                done = time.monotonic()
+                self.phases.mark("restore_downloaded", done - (stats.total_s - stats.download_s))
+                self.phases.mark("restore_unpacked", done)
                 break
             except ck.DownloadError as exc:
                 if attempt == RESTORE_TRIES or self.fenced.is_set():
@@ -258,6 +268,7 @@ class Agent:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, signalled as a whole
         )
+        self.phases.mark("command_started")
         assert self.child.stdout is not None
         self.pump = OutputPump(self.child.stdout, logfile, self.tail)
         self.pump.start()
@@ -281,7 +292,7 @@ class Agent:
         grace = a.stop_grace_s if a.stop_grace_s is not None else self.o.stop_grace_s
         kill_at: float | None = None
         while child.poll() is None:
-            self.progress.poll()
+            self._poll_progress()
             if self.fenced.is_set():
                 return self._die_fenced()
             if kill_at is None and (self.stop_requested.is_set() or self.terminated.is_set()):
@@ -299,7 +310,7 @@ class Agent:
     def _after_exit(self, a: Assignment, returncode: int) -> int:
         self._signal_group(signal.SIGKILL)  # leftovers (data loader workers) must not linger
         self.pump.join(timeout=5)
-        self.progress.poll()
+        self._poll_progress()
         self.phase = "exiting"
         log.info("command exited with %s", _describe(returncode))
         self.heartbeater.wake()  # type: ignore[union-attr]
@@ -378,6 +389,7 @@ class Agent:
             snapshot=self.snapshot,
             on_command=self._on_command,
             on_token_dead=self._token_dead,
+            on_delivered=lambda body: self.phases.delivered(body.get("phases", ())),
         )
         self.heartbeater.start()
 
@@ -395,7 +407,17 @@ class Agent:
             "bytes_up": self.counter.up,
             **self._net_bytes(),
             "log_tail": self.tail.text(),
+            **self._phases(),
         }
+
+    def _poll_progress(self) -> None:
+        self.progress.poll()
+        if self.progress.step is not None:
+            self.phases.mark("first_step")  # once: later marks keep the first
+
+    def _phases(self) -> dict[str, dict[str, float]]:
+        pending = self.phases.pending()
+        return {"phases": pending} if pending else {}
 
     def _net_bytes(self) -> dict[str, int]:
         moved = self.net.sample()

@@ -52,10 +52,32 @@ class AgentToken(HttpBearer):
 router = Router(auth=AgentToken(), tags=["agent"])
 
 
+class PhasesIn(BaseModel):
+    """Phase boundaries the agent saw, each as seconds before this call (so the host's clock
+    does not matter). Unknown names are ignored; an older agent sends none. A value that is
+    not a plausible age is dropped, never refused: a 422 would reject the heartbeat it rides on.
+    """
+
+    container_started: float | None = None
+    deps_ready: float | None = None
+    restore_downloaded: float | None = None
+    restore_unpacked: float | None = None
+    command_started: float | None = None
+    first_step: float | None = None
+
+    def ages(self) -> dict[str, float]:
+        return {
+            name: age
+            for name, age in self.model_dump().items()
+            if age is not None and 0 <= age <= agent_services.PHASE_AGE_LIMIT_S
+        }
+
+
 class RegisterIn(Schema):
     agent_version: str = Field(..., max_length=40)
     hostname: str = Field("", max_length=255)
     python: str = Field("", max_length=40)
+    phases: PhasesIn | None = None
 
 
 # The heartbeat's bodies are plain pydantic models, not ninja Schemas: a Schema's root validator
@@ -80,6 +102,8 @@ class HeartbeatIn(BaseModel):
     net_rx_bytes: int | None = Field(None, ge=0, le=2**63 - 1)
     net_tx_bytes: int | None = Field(None, ge=0, le=2**63 - 1)
     log_tail: str = Field("", max_length=16 * 1024)
+    # Sent until a heartbeat carrying them is answered; then no more.
+    phases: PhasesIn | None = None
 
 
 class HeartbeatOut(BaseModel):
@@ -114,16 +138,19 @@ class ExitIn(Schema):
 
 @router.post("/register")
 def register(request: HttpRequest, payload: RegisterIn) -> dict:
-    return agent_services.register_agent(request.auth, now=timezone.now())
+    phases = payload.phases.ages() if payload.phases else {}
+    return agent_services.register_agent(request.auth, now=timezone.now(), phases=phases)
 
 
 @router.post("/heartbeat", response=HeartbeatOut, auth=AgentToken(for_heartbeat=True))
 def heartbeat(request: HttpRequest, payload: HeartbeatIn) -> dict:
-    gpu = payload.gpu
+    gpu, now = payload.gpu, timezone.now()
     beat = agent_services.Heartbeat(
-        **payload.model_dump(exclude={"gpu"}), gpu_ok=gpu.ok, gpu_error=gpu.error or ""
+        **payload.model_dump(exclude={"gpu", "phases"}), gpu_ok=gpu.ok, gpu_error=gpu.error or ""
     )
-    return agent_services.record_heartbeat(request.auth, beat, now=timezone.now())
+    if payload.phases is not None:
+        agent_services.record_phases(request.auth.pk, payload.phases.ages(), now=now)
+    return agent_services.record_heartbeat(request.auth, beat, now=now)
 
 
 @router.post("/checkpoints")

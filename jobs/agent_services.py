@@ -11,7 +11,10 @@ these functions only record what the agent reported.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
+
+from django.db.models import DateTimeField, F, Value
+from django.db.models.functions import Coalesce
 
 from jobs import checkpoints, heartbeat_store, lifecycle, stall
 from jobs.heartbeat_store import LOG_TAIL_LIMIT, Heartbeat
@@ -27,6 +30,18 @@ from nomadgpu.storage import object_store
 from nomadgpu.tokens import token_matches, token_prefix
 
 ACTIVE = ON_HOST_STATES
+
+# The phase boundaries an agent may report (PROTOCOL.md, ``phases``) and the Attempt field
+# each is kept in. A report older than PHASE_AGE_LIMIT_S is dropped as nonsense.
+PHASE_FIELDS = {
+    "container_started": "container_started_at",
+    "deps_ready": "deps_ready_at",
+    "restore_downloaded": "restore_downloaded_at",
+    "restore_unpacked": "restore_unpacked_at",
+    "command_started": "command_started_at",
+    "first_step": "first_step_at",
+}
+PHASE_AGE_LIMIT_S = 7 * 86400
 
 
 # Every agent call authenticates, so the lookup leaves out what most calls never read: the
@@ -80,19 +95,26 @@ def _token_checked(attempt: Attempt | None, token: str) -> Attempt:
     return attempt
 
 
-def register_agent(attempt: Attempt, *, now: datetime) -> dict:
+def register_agent(
+    attempt: Attempt, *, now: datetime, phases: dict[str, float] | None = None
+) -> dict:
     """Record the agent's arrival and tell it what to run and where to resume from.
 
     Idempotent while the attempt lives: an agent restarted in the same container registers
     again (its heartbeats' ``seq`` continue above the old ones by the clock, see PROTOCOL.md).
+    PHASES (seconds before now, by name) may say when the container came up and the agent's
+    dependencies were ready; the first call stands in for whichever is not said.
     """
     job = attempt.job
     resume = resume_instructions(job.pk)
+    ages = {"deps_ready": 0.0, **(phases or {})}
+    ages.setdefault("container_started", ages["deps_ready"])
     Attempt.objects.filter(pk=attempt.pk, state__in=ACTIVE).update(
         registered_at=now,
         last_heartbeat_at=now,
         heartbeat_deadline=heartbeat_deadline(attempt, now),
         resumed_from_step=resume["step"] if resume else 0,
+        **_first_reports(ages, now),
     )
     return {
         "job_id": job.pk,
@@ -130,6 +152,27 @@ def resume_instructions(job_id: int) -> dict | None:
     }
 
 
+def record_phases(attempt_id: int, ages: dict[str, float], *, now: datetime) -> None:
+    """Keep the phase boundaries AGES reports (seconds before NOW, by name) on the attempt;
+    a boundary already known keeps its first report (an agent resends until answered, and a
+    restarted agent's repeats must not move it)."""
+    fields = _first_reports(ages, now)
+    if fields:
+        Attempt.objects.filter(pk=attempt_id, state__in=ACTIVE).update(**fields)
+
+
+def _first_reports(ages: dict[str, float], now: datetime) -> dict:
+    """UPDATE expressions that set each named boundary to NOW - age unless already set."""
+    return {
+        PHASE_FIELDS[name]: Coalesce(
+            F(PHASE_FIELDS[name]),
+            Value(now - timedelta(seconds=age), output_field=DateTimeField()),
+        )
+        for name, age in ages.items()
+        if name in PHASE_FIELDS
+    }
+
+
 def record_heartbeat(attempt: Attempt, beat: Heartbeat, *, now: datetime) -> dict:
     """Store BEAT for ATTEMPT (authenticated, loaded as ``heartbeat_store.load_for_heartbeat``
     loads it) and answer with the command for the agent.
@@ -148,6 +191,10 @@ def _after_store(attempt: Attempt, beat: Heartbeat, *, stored: bool, now: dateti
     if stored:
         if _stalled(attempt, beat, now):
             Attempt.objects.filter(pk=attempt.pk, state__in=ACTIVE).update(heartbeat_deadline=now)
+        if attempt.step is None and beat.step is not None:
+            # The first step on this host (an agent that does not report ``first_step``
+            # itself is timed by its heartbeat: up to one interval late).
+            record_phases(attempt.pk, {"first_step": 0.0}, now=now)
         if attempt.state == AttemptState.STARTING and beat.phase == "running":
             lifecycle.mark_running(attempt, now=now)
         sample_loss(attempt, beat, now=now)

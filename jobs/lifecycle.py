@@ -148,11 +148,13 @@ def send_task(task_name: str, *args) -> None:
     current_app.send_task(task_name, args=args)
 
 
-def request_checkpoint(attempt_id: int) -> None:
+def request_checkpoint(attempt_id: int) -> bool:
     """Have ATTEMPT_ID's next heartbeat answer ``checkpoint_now``; a pending ``stop`` (a fenced
-    agent) is never replaced by it."""
-    Attempt.objects.filter(pk=attempt_id, pending_command="").update(
-        pending_command="checkpoint_now"
+    agent) is never replaced by it. True when this call set it (nothing was pending)."""
+    return bool(
+        Attempt.objects.filter(pk=attempt_id, pending_command="").update(
+            pending_command="checkpoint_now"
+        )
     )
 
 
@@ -391,7 +393,11 @@ def mark_running(attempt: Attempt, *, now: datetime) -> None:
         if open_interruption is not None:
             # A replacement lost before it ran leaves its predecessor's interruption open too:
             # the job is back for all of them now, so all close (none stays open forever).
-            still_open.update(running_again_at=now, resumed_step=attempt.resumed_from_step or 0)
+            still_open.update(
+                running_again_at=now,
+                resumed_step=attempt.resumed_from_step or 0,
+                replacement_id=attempt.pk,
+            )
             downtime = (now - open_interruption.detected_at).total_seconds()
             kind = "running_again"
             resumed = attempt.resumed_from_step or 0

@@ -243,6 +243,19 @@ class Attempt(models.Model):
     running_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
 
+    # Phase boundaries on this host (server clock; the agent reports each as seconds before
+    # its call, so the host's clock never matters), each kept from its first report: the
+    # container came up (the bootstrap's start, else the agent's first call), the agent's
+    # dependencies were installed (the bootstrap's report, else the agent's start), the resume
+    # checkpoint's last byte arrived and it was unpacked, the command started, and the first
+    # step was reported. ``jobs.anatomy`` turns them into an interruption's downtime phases.
+    container_started_at = models.DateTimeField(null=True, blank=True)
+    deps_ready_at = models.DateTimeField(null=True, blank=True)
+    restore_downloaded_at = models.DateTimeField(null=True, blank=True)
+    restore_unpacked_at = models.DateTimeField(null=True, blank=True)
+    command_started_at = models.DateTimeField(null=True, blank=True)
+    first_step_at = models.DateTimeField(null=True, blank=True)
+
     objects = AttemptQuerySet.as_manager()
 
     class Meta:
@@ -352,6 +365,11 @@ class Interruption(models.Model):
     step_reached = models.PositiveIntegerField(null=True, blank=True)
     resumed_step = models.PositiveIntegerField(null=True, blank=True)
     cancelled_before_recovery = models.BooleanField(default=False)
+    # The attempt that ran again (set when the interruption closes): its phase boundaries
+    # are the recovery's anatomy (``jobs.anatomy.breakdown``).
+    replacement = models.ForeignKey(
+        Attempt, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
 
     class Meta:
         ordering = ["-detected_at"]

@@ -77,6 +77,9 @@ class ProfileSpec(_Strict):
     # Steps between the script's checkpoints (0: unknown, a tenth of the run): an interruption
     # redoes half of that on average (hosts.selection.expected_cost).
     checkpoint_every_steps: int = Field(0, ge=0, le=100_000_000)
+    # Who decides when to checkpoint: the script alone, or also the supervisor, which asks for
+    # one (``checkpoint_now``) every √(2·δ·MTBF) for the host it runs on (jobs.checkpoint_interval).
+    checkpoint: Literal["script", "auto"] = "script"
 
 
 class JobSpec(_Strict):

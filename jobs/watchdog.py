@@ -11,6 +11,9 @@ it must be looked at (``heartbeat_deadline``). Renting sets it to the start time
 heartbeat pushes it forward, and a heartbeat that reports a GPU fault or a stall pulls it to
 now. A network blip shorter than the heartbeat timeout while the provider still says running is
 therefore not a loss. Every tick is an idempotent reconciler: a duplicate tick wastes work only.
+
+Each tick also asks the running attempts of ``checkpoint = "auto"`` jobs for the checkpoints
+their Young/Daly interval calls for (``jobs.auto_checkpoint``).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from django.db.models import F
 
 from hosts import selection
 from hosts.vast import Instance, VastClient, VastError
-from jobs import lifecycle, renting, stall
+from jobs import auto_checkpoint, lifecycle, renting, stall
 from jobs.lifecycle import Loss
 from jobs.models import LIVE_ATTEMPT_STATES, Attempt, AttemptState, Checkpoint, Job
 from nomadgpu.models import ServiceHeartbeat
@@ -66,6 +69,8 @@ def tick(*, now: datetime, poll_provider: bool | None = None) -> dict:
         moved = move_off_expiring_contracts(now)
     planned = [lifecycle.plan_rent(job_id, now=now) for job_id in jobs_needing_a_host(now)]
     return {
+        # Jobs with `checkpoint = "auto"`: one query when there are none.
+        "checkpoints_asked": auto_checkpoint.ask_due_checkpoints(now),
         "moved": moved,
         "lost": sum(bool(x) for x in lost),
         "planned": sum(p is not None for p in planned),

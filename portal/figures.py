@@ -23,9 +23,10 @@ from billing.spend import (
 )
 from hosts import selection
 from hosts.vast import RetryPolicy, VastClient, VastError
-from jobs import job_status, lifecycle
+from jobs import anatomy, job_status, lifecycle
 from jobs.models import Attempt, Job
 from jobs.spec import JobSpec
+from nomadgpu.humanize import duration
 
 logger = logging.getLogger(__name__)
 
@@ -146,11 +147,27 @@ class TimelineEntry:
             return None
         return (i.running_again_at - i.detected_at).total_seconds()
 
+    @property
+    def anatomy(self) -> dict | None:
+        """The interruption's downtime by phase (``jobs.anatomy.breakdown``) and its pieces
+        as one stacked bar."""
+        if self.interruption is None:
+            return None
+        split = anatomy.breakdown(self.interruption)
+        work = split["lost_work"]
+        return {
+            **split,
+            "pieces": anatomy.segments(split["phases"]),
+            "caption": f"Where the downtime went: {duration(split['total_s'])} in all",
+            "bar_id": f"anatomy-{self.interruption.pk}",
+            "gpu_text": duration(work["gpu_s"]),
+        }
+
 
 def timeline(job: Job) -> list[TimelineEntry]:
     """The job's events, oldest first; a host_lost event carries its Interruption (detection
     and recovery times) when one was recorded for that attempt."""
-    unmatched = list(job.interruptions.order_by("detected_at"))
+    unmatched = list(job.interruptions.select_related("replacement").order_by("detected_at"))
     out: list[TimelineEntry] = []
     for event in job.events.all():
         found = None

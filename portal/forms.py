@@ -40,6 +40,7 @@ FIELD_PATHS: dict[str, str] = {
     "profile.reference_gpu": "reference_gpu",
     "profile.container_start_s": "container_start_s",
     "profile.checkpoint_every_steps": "checkpoint_every_steps",
+    "profile.checkpoint": "checkpoint",
     "keep_last": "keep_last",
     "encrypt_checkpoints": "encrypt_checkpoints",
     "heartbeat_interval_s": "heartbeat_interval_s",
@@ -89,6 +90,7 @@ FIELDSETS = [
     (
         "Checkpoints and supervision",
         [
+            "checkpoint",
             "keep_last",
             "encrypt_checkpoints",
             "heartbeat_interval_s",
@@ -134,6 +136,10 @@ LABELS = {
     "checkpoint_every_steps": (
         "Checkpoint every (steps)",
         "What an interruption redoes half of; 0: a tenth of the run",
+    ),
+    "checkpoint": (
+        "Checkpoint interval",
+        "script: the script's own; auto: the supervisor also asks every √(2·δ·MTBF) for the host",
     ),
     "keep_last": ("Checkpoints to keep", "Older ready checkpoints are pruned"),
     "encrypt_checkpoints": ("Encrypt checkpoints", "AES-256-GCM with a key of this job"),
@@ -181,6 +187,8 @@ def _field(name: str) -> forms.Field:
     elif name == "rental":
         choices = [(c, c) for c in ("auto", "on-demand", "interruptible")]
         widget = forms.Select(choices=choices)
+    elif name == "checkpoint":
+        widget = forms.Select(choices=[(c, c) for c in ("script", "auto")])
     elif name in NUMBER_FIELDS:
         widget = forms.NumberInput(attrs={"step": "any"})
     else:

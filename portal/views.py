@@ -19,7 +19,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
 from agent.ckptcrypto import DecryptingReader
-from jobs import lifecycle
+from jobs import auto_checkpoint, lifecycle
 from jobs.models import Checkpoint, Job, JobState
 from jobs.spec import JOB_TEMPLATES, submit_spec, template_spec
 from jobs.spending import BudgetExceeded
@@ -186,6 +186,7 @@ def detail_context(request: HttpRequest, job: Job) -> dict:
         ),
         "timeline": portal.timeline(job),
         "checkpoints": checkpoints.newest_first(),
+        "auto_checkpoint": auto_checkpoint.page_summary(job, now=now),
         "attempts": list(job.attempts.all()),
         "decision": portal.decision_of(_deciding_attempt(job)),
         "loss_chart": portal.line_chart(portal.loss_series(job)),

@@ -13,6 +13,9 @@ which reads ``jobs.Interruption`` rows (plus the count of jobs running now and t
   rented), over the interruptions that have one. **Running again**: ``detected_at`` →
   ``running_again_at`` (training ran again on it). **Detection**: ``last_heartbeat_at`` →
   ``detected_at``, where a heartbeat was ever heard.
+- **Recovery phases** (``jobs.anatomy``): each resumed interruption's downtime split into
+  detection, renting, provider start-up, agent bootstrap, checkpoint download, unpack and first
+  step; median and p90 per phase over the interruptions where that phase is known.
 - **Percentiles** are nearest-rank: the p-th percentile of n sorted values is the value at
   rank ceil(p·n/100), so every median and p90 is a duration that really happened (for an even
   count the median is the lower of the two middle values).
@@ -28,6 +31,7 @@ from zoneinfo import ZoneInfo
 from django.conf import settings
 from django.utils.crypto import salted_hmac
 
+from jobs import anatomy
 from jobs.models import Interruption, Job, JobState
 from nomadgpu.health import WATCHDOG, is_fresh, silent_for_s
 from nomadgpu.models import ServiceHeartbeat, Team
@@ -60,6 +64,15 @@ class Durations:
     count: int
     median_s: float | None
     p90_s: float | None
+
+
+@dataclass(frozen=True)
+class PhaseDurations:
+    """One recovery phase (``jobs.anatomy.PHASES``) over the window's interruptions."""
+
+    key: str
+    label: str
+    durations: Durations
 
 
 @dataclass(frozen=True)
@@ -116,6 +129,7 @@ class TeamStatus:
     running_again: Durations
     detection: Durations
     running_now: int
+    recovery_phases: tuple[PhaseDurations, ...]
     daily: tuple[DayCount, ...]
     incidents: tuple[Incident, ...]
     health: SupervisorHealth
@@ -128,9 +142,9 @@ def team_status(team: Team, *, now: datetime, days: int = DEFAULT_WINDOW) -> Tea
     tz = ZoneInfo(team.time_zone)
     since = window_start(now, days, tz)
     rows = list(
-        Interruption.objects.filter(
-            job__team=team, detected_at__gte=since, detected_at__lte=now
-        ).order_by("-detected_at", "-pk")
+        Interruption.objects.filter(job__team=team, detected_at__gte=since, detected_at__lte=now)
+        .select_related("replacement")
+        .order_by("-detected_at", "-pk")
     )
     return TeamStatus(
         team_name=team.name,
@@ -147,6 +161,7 @@ def team_status(team: Team, *, now: datetime, days: int = DEFAULT_WINDOW) -> Tea
         running_again=durations((row.detected_at, row.running_again_at) for row in rows),
         detection=durations((row.last_heartbeat_at, row.detected_at) for row in rows),
         running_now=Job.objects.filter(team=team, state=JobState.RUNNING).count(),
+        recovery_phases=recovery_phases(rows),
         daily=daily_counts(rows, since=since, now=now, tz=tz),
         incidents=tuple(incident(row, tz) for row in rows[:INCIDENT_LIMIT]),
         health=supervisor_health(now=now),
@@ -192,6 +207,20 @@ def durations(pairs) -> Durations:
         median_s=nearest_rank(seconds, 50),
         p90_s=nearest_rank(seconds, 90),
     )
+
+
+def recovery_phases(rows: list[Interruption]) -> tuple[PhaseDurations, ...]:
+    """Median and p90 of every recovery phase over ROWS (each where it is known)."""
+    splits = [anatomy.breakdown(row)["phases"] for row in rows]
+    return tuple(
+        PhaseDurations(key, label, seconds_summary([s[key] for s in splits]))
+        for key, label in anatomy.PHASES
+    )
+
+
+def seconds_summary(values: list[float | None]) -> Durations:
+    known = [v for v in values if v is not None]
+    return Durations(len(known), nearest_rank(known, 50), nearest_rank(known, 90))
 
 
 def nearest_rank(values: list[float], percent: int) -> float | None:

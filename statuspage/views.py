@@ -20,13 +20,14 @@ from django.utils import timezone
 from django.utils.cache import patch_cache_control
 from django.utils.feedgenerator import Atom1Feed
 
+from jobs import anatomy
 from nomadgpu.humanize import duration
 from nomadgpu.models import Team
 from statuspage import stats
 from statuspage.chart import bar_chart
 
 CACHE_SECONDS = 30
-JSON_VERSION = 1
+JSON_VERSION = 2  # 2: recovery_phases_s added; every version-1 key is kept
 
 
 def public_team_or_404(slug: str) -> Team:
@@ -64,8 +65,23 @@ def page(request: HttpRequest, slug: str) -> HttpResponse:
     if days is None:
         return bad_window()
     status = cached_status(team, days)
-    context = {"status": status, "chart": bar_chart(status.daily), "windows": stats.WINDOWS}
+    context = {
+        "status": status,
+        "chart": bar_chart(status.daily),
+        "windows": stats.WINDOWS,
+        "phase_bars": phase_bars(status.recovery_phases),
+    }
     return briefly_cacheable(render(request, "statuspage/status.html", context))
+
+
+def phase_bars(phases: tuple[stats.PhaseDurations, ...]) -> list[tuple[str, list]]:
+    """The recovery phases as two stacked bars, medians and p90s (``anatomy.segments``); a bar
+    with nothing known is left out."""
+    bars = [
+        ("median", anatomy.segments({p.key: p.durations.median_s for p in phases})),
+        ("p90", anatomy.segments({p.key: p.durations.p90_s for p in phases})),
+    ]
+    return [(name, pieces) for name, pieces in bars if pieces]
 
 
 def as_json(request: HttpRequest, slug: str) -> HttpResponse:
@@ -81,7 +97,7 @@ def iso(moment: datetime | None) -> str | None:
 
 
 def status_document(status: stats.TeamStatus) -> dict:
-    """The JSON body, version 1 (schema in statuspage/README.md; add fields, never rename)."""
+    """The JSON body, version 2 (schema in statuspage/README.md; add fields, never rename)."""
 
     def spans(d: stats.Durations) -> dict:
         return {"count": d.count, "median": d.median_s, "p90": d.p90_s}
@@ -103,6 +119,7 @@ def status_document(status: stats.TeamStatus) -> dict:
         "back_on_machine_s": spans(status.back_on_machine),
         "running_again_s": spans(status.running_again),
         "detection_s": spans(status.detection),
+        "recovery_phases_s": {p.key: spans(p.durations) for p in status.recovery_phases},
         "jobs_running_now": status.running_now,
         "daily": [
             {"date": d.day.isoformat(), "interruptions": d.interruptions} for d in status.daily

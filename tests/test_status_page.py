@@ -149,7 +149,7 @@ def test_the_json_is_versioned_and_complete(client, public, frozen):
     assert response.status_code == 200
     assert response["Content-Type"] == "application/json"
     body = response.json()
-    assert body["version"] == 1
+    assert body["version"] == 2  # 2 added recovery_phases_s; the version-1 keys stay
     assert body["team"] == {"slug": "open-lab", "name": "Open Lab"}
     assert body["time_zone"] == "Europe/Berlin"
     assert body["generated_at"] == "2026-11-29T13:00:00+01:00"

@@ -2,6 +2,8 @@
 # NomadGPU bootstrap for job {{ attempt.job_id }}, attempt {{ attempt.number }}.
 # Installs the agent's two dependencies if missing, fetches the agent, starts it in the background.
 set -u
+# When the container came up, for the job page's recovery anatomy (the agent reports it).
+export NOMAD_CONTAINER_STARTED_AT="$(date +%s)"
 export NOMAD_SUPERVISOR_URL='{{ supervisor_url }}'
 export NOMAD_AGENT_TOKEN='{{ token }}'
 # The working folder of onstart (the sandbox gives each instance its own).
@@ -14,6 +16,7 @@ if ! "$PY" -c 'import httpx, cryptography' 2>/dev/null; then
     || "$PY" -m pip install --quiet --user {{ dependencies }} \
     || { echo "could not install {{ dependencies }}" >&2; exit 1; }
 fi
+export NOMAD_DEPS_READY_AT="$(date +%s)"
 
 fetch_agent() {
   "$PY" - <<'PYEOF'

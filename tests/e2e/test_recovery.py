@@ -3,8 +3,11 @@ from its newest checkpoint on a new host and finishes with the same weights."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
+from jobs import anatomy
 from jobs.models import Attempt, Checkpoint, Interruption, JobState
 from tests.processes import wait_until
 
@@ -48,3 +51,21 @@ def test_a_host_destroyed_halfway_resumes_from_the_newest_checkpoint(
     assert supervisor.sandbox.status(first.instance_id) is None  # nothing left billing
     assert job.events.filter(kind="host_lost").count() == 1
     assert job.events.filter(kind="running_again").count() == 1
+    # The recovery's anatomy: the bootstrap and the agent reported every boundary, in order
+    # (the bootstrap's are whole seconds; the agent's differ by their calls' latency at most).
+    assert interruption.replacement == last
+    moments = [
+        last.container_started_at,
+        last.deps_ready_at,
+        last.restore_downloaded_at,
+        last.restore_unpacked_at,
+        last.command_started_at,
+        last.first_step_at,
+    ]
+    assert None not in moments
+    assert all((b - a).total_seconds() > -1 for a, b in itertools.pairwise(moments))
+    split = anatomy.breakdown(interruption)
+    assert None not in split["phases"].values()
+    # The last heartbeat's step may lag the checkpoint it resumed from: nothing redone then.
+    redone = interruption.step_reached - interruption.resumed_step
+    assert split["lost_work"]["steps"] == max(redone, 0)

@@ -1,0 +1,331 @@
+"""Benchmark: the Young/Daly checkpoint interval against a fixed one, on flaky and stable hosts.
+
+Usage: ``python bench/checkpoint_interval.py [--quick] [--seed N]`` (no Django, no server; a
+few seconds, ``--quick`` simulates fewer jobs).
+
+A seeded simulation of jobs of the field report's shape: 300 steps of 4 s (20 min of
+training), a 1 GB checkpoint. Two policies run on the same hosts and the same failures
+(common random numbers):
+
+- ``fixed-50``: the script checkpoints every 50 steps (the field report's script);
+- ``young-daly``: the job says ``checkpoint = "auto"`` and its script saves only when asked;
+  the supervisor asks √(2·δ·MTBF) after the newest ready checkpoint (or the start), with the
+  product's own estimate (``jobs.checkpoint_interval``: λ from the team's history and the
+  machine's record blended with ``hosts.selection.prior_rate``, δ the median of the job's
+  measured uploads, 60 s until one is measured). A request reaches the script on the next
+  heartbeat (15 s) after the next watchdog tick (5 s); it saves at the end of its step.
+
+The model (Young/Daly's own): a checkpoint stalls training for its upload time δ and is
+durable when the upload ends; a host failure loses everything since the newest durable
+checkpoint, and the job resumes on a new host drawn from the same mix. The final save at step
+300 is the job's output, made by both policies, and not counted. The restart itself (detect,
+rent, start, restore) costs the same per interruption under both and is not counted either.
+Overhead per job = checkpoint stalls + work lost (trained again).
+
+Truth (not the prior): δ = 1 GB at a host's upload speed, drawn from the sandbox market's
+``inet_up`` (``hosts/sandbox/market/offers.json``; median ~630 Mbit/s, so δ median ~15 s),
++ 2 s to announce and verify, each upload times U(0.8, 1.25). MTBF per host log-uniform:
+
+- flaky: interruptible rentals, 0.5-2 h (outbids, plus host loss at 0.02/h). The supervisor
+  knows the team's 100 h of interruptible history on the GPU (interruptions drawn from the
+  mix's mean rate) and the machine's host-loss record (0-200 h);
+- stable: on-demand, 50-500 h. The team has 500 h of on-demand history, the machine 0-200 h.
+
+Printed: overhead per job, its two parts, lost work per interruption and the interval used,
+young-daly against fixed-50; goals: flaky total ≤ 0.70 of fixed, stable ≤ 1.00. Then the flaky
+mix by host upload speed (δ), where the answer changes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.support import line  # noqa: E402
+from hosts.selection import INTERRUPTIBLE, ON_DEMAND, PreemptionRates  # noqa: E402
+from jobs import checkpoint_interval as ci  # noqa: E402
+
+SEED = 1
+JOBS = {"flaky": 4000, "stable": 20000}
+JOBS_QUICK = {"flaky": 800, "stable": 4000}
+STEPS, STEP_S, FIXED_EVERY = 300, 4.0, 50
+WORK_S = STEPS * STEP_S
+CHECKPOINT_MBIT = 8000.0  # 1 GB
+UPLOAD_FIXED_S = 2.0
+HEARTBEAT_S, TICK_S = 15.0, 5.0
+GPU = "RTX 4090"
+HOST_LOSS_PER_H = 0.02
+MACHINE_HISTORY_H = 200.0
+MARKET = ROOT / "hosts" / "sandbox" / "market" / "offers.json"
+
+
+@dataclass(frozen=True)
+class Mix:
+    name: str
+    kind: str
+    mtbf_h: tuple[float, float]
+    team_hours: float
+
+
+MIXES = {
+    "flaky": Mix("flaky", INTERRUPTIBLE, (0.5, 2.0), 100.0),
+    "stable": Mix("stable", ON_DEMAND, (50.0, 500.0), 500.0),
+}
+
+
+@dataclass(frozen=True)
+class Host:
+    ttf_s: float  # training seconds until it fails
+    delta_s: float  # its true upload time
+    machine_losses: int
+    machine_hours: float
+
+
+@dataclass
+class Run:
+    wall_s: float = 0.0
+    stall_s: float = 0.0
+    checkpoints: int = 0
+    interruptions: int = 0
+    intervals: list[float] = field(default_factory=list)
+
+    @property
+    def lost_s(self) -> float:
+        return self.wall_s - WORK_S - self.stall_s
+
+    @property
+    def overhead_s(self) -> float:
+        return self.wall_s - WORK_S
+
+
+def poisson(rng: random.Random, mean: float) -> int:
+    """Events of a Poisson process of MEAN (exponential gaps; means here are small)."""
+    n, t = 0, rng.expovariate(1.0)
+    while t < mean:
+        n, t = n + 1, t + rng.expovariate(1.0)
+    return n
+
+
+def log_uniform(rng: random.Random, low: float, high: float) -> float:
+    return math.exp(rng.uniform(math.log(low), math.log(high)))
+
+
+def mean_rate(mix: Mix) -> float:
+    """The mix's mean failures per hour (of a log-uniform MTBF)."""
+    low, high = mix.mtbf_h
+    return (1 / low - 1 / high) / math.log(high / low)
+
+
+def team_rates(mix: Mix, seed: int) -> PreemptionRates:
+    """The team's history: TEAM_HOURS rented hours of the mix's kind on the GPU."""
+    rng = random.Random(f"team-{seed}-{mix.name}")
+    seen = poisson(rng, mean_rate(mix) * mix.team_hours)
+    observed = {(mix.kind, GPU, 0.0): (seen, mix.team_hours)}
+    if mix.kind != ON_DEMAND:  # the host-loss share comes from on-demand history
+        observed[(ON_DEMAND, GPU, 0.0)] = (poisson(rng, HOST_LOSS_PER_H * 100), 100.0)
+    return PreemptionRates(observed)
+
+
+def draw_host(mix: Mix, uploads_mbps: list[float], seed: int, job: int, k: int) -> Host:
+    """Attempt K's host of JOB: the same for both policies."""
+    rng = random.Random(f"host-{seed}-{mix.name}-{job}-{k}")
+    mtbf_h = log_uniform(rng, *mix.mtbf_h)
+    host_loss = HOST_LOSS_PER_H if mix.kind != ON_DEMAND else 1 / mtbf_h
+    hours = rng.uniform(0, MACHINE_HISTORY_H)
+    return Host(
+        ttf_s=rng.expovariate(1 / (mtbf_h * 3600)),
+        delta_s=CHECKPOINT_MBIT / rng.choice(uploads_mbps) + UPLOAD_FIXED_S,
+        machine_losses=poisson(rng, host_loss * hours),
+        machine_hours=hours,
+    )
+
+
+def interval_s(mix: Mix, rates: PreemptionRates, host: Host, uploads: list[float]) -> float:
+    """What the supervisor would choose for HOST, as ``jobs.auto_checkpoint.interval_for``."""
+    rental, source = rates.rate(mix.kind, GPU)
+    host_rate, _ = rates.rate(ON_DEMAND, GPU)
+    rate, source = ci.failure_rate_per_h(
+        rental_rate_per_h=rental,
+        rental_source=source,
+        host_loss_per_h=host_rate,
+        machine_interruptions=host.machine_losses,
+        machine_hours=host.machine_hours,
+    )
+    delta, delta_source = ci.checkpoint_cost_s(uploads[-5:])
+    choice = ci.choose_interval(
+        rate_per_h=rate,
+        rate_source=source,
+        delta_s=delta,
+        delta_source=delta_source,
+        heartbeat_s=HEARTBEAT_S,
+    )
+    return choice.interval_s
+
+
+def next_save(policy: str, progress: float, since_ready: float, tau: float, rng) -> float:
+    """The training progress (seconds) at which the next checkpoint is saved."""
+    if policy == "fixed-50":
+        every = FIXED_EVERY * STEP_S
+        return (math.floor(progress / every + 1e-9) + 1) * every
+    # Asked at the first tick after tau, delivered by the next heartbeat, saved at step end.
+    delay = max(tau - since_ready, 0.0) + rng.uniform(0, TICK_S) + rng.uniform(0, HEARTBEAT_S)
+    return math.ceil((progress + delay) / STEP_S - 1e-9) * STEP_S
+
+
+def run_job(policy: str, mix: Mix, rates: PreemptionRates, markets, seed: int, job: int) -> Run:
+    """One job to its last step under POLICY; hosts and failures as for the other policy."""
+    rng = random.Random(f"delay-{seed}-{mix.name}-{policy}-{job}")
+    run, durable, uploads, k = Run(), 0.0, [], 0
+    while True:
+        host = draw_host(mix, markets, seed, job, k)
+        t, progress, since_ready = 0.0, durable, 0.0  # wall on this host, progress, since ready
+        while True:
+            tau = interval_s(mix, rates, host, uploads) if policy == "young-daly" else 0.0
+            if policy == "young-daly":
+                run.intervals.append(tau)
+            save_at = min(next_save(policy, progress, since_ready, tau, rng), WORK_S)
+            t_save = t + save_at - progress
+            if t_save > host.ttf_s:
+                break  # lost while training
+            if save_at >= WORK_S:
+                run.wall_s += t_save
+                return run
+            delta = host.delta_s * rng.uniform(0.8, 1.25)
+            run.checkpoints += 1
+            if t_save + delta > host.ttf_s:
+                run.stall_s += host.ttf_s - t_save
+                t = host.ttf_s
+                break  # lost during the upload: not durable
+            run.stall_s += delta
+            uploads.append(delta)
+            t, progress, durable, since_ready = t_save + delta, save_at, save_at, 0.0
+        run.wall_s += host.ttf_s
+        run.interruptions += 1
+        k += 1
+
+
+@dataclass(frozen=True)
+class Summary:
+    overhead_s: float
+    stall_s: float
+    lost_s: float
+    checkpoints: float
+    lost_per_interruption_s: float
+    interruptions: int
+    interval_s: float
+
+
+def summarise(runs: list[Run]) -> Summary:
+    interruptions = sum(r.interruptions for r in runs)
+    lost = sum(r.lost_s for r in runs)
+    intervals = [i for r in runs for i in r.intervals]
+    return Summary(
+        overhead_s=statistics.fmean(r.overhead_s for r in runs),
+        stall_s=statistics.fmean(r.stall_s for r in runs),
+        lost_s=statistics.fmean(r.lost_s for r in runs),
+        checkpoints=statistics.fmean(r.checkpoints for r in runs),
+        lost_per_interruption_s=lost / interruptions if interruptions else 0.0,
+        interruptions=interruptions,
+        interval_s=statistics.median(intervals) if intervals else FIXED_EVERY * STEP_S,
+    )
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else (1.0 if a == 0 else math.inf)
+
+
+def compare(name: str, yd: Summary, fixed: Summary, goal: float) -> list[str]:
+    met = "met" if ratio(yd.overhead_s, fixed.overhead_s) <= goal else "NOT met"
+    return [
+        line(
+            f"ckpt/{name} overhead per job (goal ≤{goal:.2f})",
+            f"{yd.overhead_s:.1f} s ({met})",
+            f"fixed-50 {fixed.overhead_s:.1f} s",
+            ratio(yd.overhead_s, fixed.overhead_s),
+        ),
+        line(
+            f"ckpt/{name} checkpoint stall per job",
+            f"{yd.stall_s:.1f} s ({yd.checkpoints:.2f} ckpt)",
+            f"fixed-50 {fixed.stall_s:.1f} s ({fixed.checkpoints:.2f} ckpt)",
+            ratio(yd.stall_s, fixed.stall_s),
+        ),
+        line(
+            f"ckpt/{name} work lost per job",
+            f"{yd.lost_s:.1f} s",
+            f"fixed-50 {fixed.lost_s:.1f} s",
+            ratio(yd.lost_s, fixed.lost_s),
+        ),
+        line(
+            f"ckpt/{name} lost per interruption",
+            f"{yd.lost_per_interruption_s:.0f} s ({yd.interruptions} int.)",
+            f"fixed-50 {fixed.lost_per_interruption_s:.0f} s ({fixed.interruptions} int.)",
+            ratio(yd.lost_per_interruption_s, fixed.lost_per_interruption_s),
+        ),
+        line(
+            f"ckpt/{name} interval (median)",
+            f"{yd.interval_s:.0f} s",
+            f"fixed-50 {FIXED_EVERY * STEP_S:.0f} s",
+            ratio(yd.interval_s, FIXED_EVERY * STEP_S),
+        ),
+    ]
+
+
+def by_delta(mix: Mix, rates, markets, seed: int, jobs: int) -> list[str]:
+    """The flaky mix again, hosts split by upload speed (δ of 1 GB)."""
+    lines = []
+    for low, high in ((0.0, 10.0), (10.0, 30.0), (30.0, math.inf)):
+        speeds = [m for m in markets if low <= CHECKPOINT_MBIT / m + UPLOAD_FIXED_S < high]
+        if not speeds:
+            continue
+        runs = {p: [run_job(p, mix, rates, speeds, seed, j) for j in range(jobs)] for p in POLICIES}
+        yd, fixed = summarise(runs["young-daly"]), summarise(runs["fixed-50"])
+        band = f"δ {low:.0f}-{high:.0f} s" if math.isfinite(high) else f"δ ≥{low:.0f} s"
+        lines.append(
+            line(
+                f"ckpt/{mix.name} overhead, {band} ({len(speeds)} hosts)",
+                f"{yd.overhead_s:.1f} s",
+                f"fixed-50 {fixed.overhead_s:.1f} s",
+                ratio(yd.overhead_s, fixed.overhead_s),
+            )
+        )
+    return lines
+
+
+POLICIES = ("young-daly", "fixed-50")
+
+
+def upload_speeds() -> list[float]:
+    """Every market offer's advertised upload speed, Mbit/s."""
+    offers = json.loads(MARKET.read_text())
+    return [float(o["inet_up"]) for o in offers if o.get("inet_up")]
+
+
+def main(argv: list[str]) -> None:
+    args, seed = list(argv[1:]), SEED
+    if "--seed" in args:
+        seed = int(args[args.index("--seed") + 1])
+    jobs = JOBS_QUICK if "--quick" in args else JOBS
+    markets = upload_speeds()
+    goals = {"flaky": 0.70, "stable": 1.00}
+    for name, mix in MIXES.items():
+        rates = team_rates(mix, seed)
+        runs = {
+            p: [run_job(p, mix, rates, markets, seed, j) for j in range(jobs[name])]
+            for p in POLICIES
+        }
+        yd, fixed = summarise(runs["young-daly"]), summarise(runs["fixed-50"])
+        print("\n".join(compare(name, yd, fixed, goals[name])))
+    flaky = MIXES["flaky"]
+    print("\n".join(by_delta(flaky, team_rates(flaky, seed), markets, seed, jobs["flaky"] // 2)))
+
+
+if __name__ == "__main__":
+    main(sys.argv)

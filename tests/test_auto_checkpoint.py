@@ -1,0 +1,238 @@
+"""``checkpoint = "auto"``: the watchdog asks at the Young/Daly interval, once per request, says
+once when the script ignores it, and the job page shows the interval and why."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from jobs import auto_checkpoint, lifecycle, renting, watchdog
+from jobs import checkpoint_interval as ci
+from jobs.models import Attempt, Checkpoint, JobEvent
+from jobs.spec import JobSpec
+from tests.factories import JobFactory, make_attempt
+
+pytestmark = pytest.mark.django_db
+
+START = timezone.now().replace(microsecond=0) - timedelta(days=1)
+AUTO = {"checkpoint": "auto"}
+
+
+def running(team=None, *, profile=None, **fields) -> Attempt:
+    job = JobFactory(
+        **({"team": team} if team else {}),
+        profile=AUTO if profile is None else profile,
+        heartbeat_interval_s=15,
+        total_steps=300,
+    )
+    attempt, _ = make_attempt(
+        job,
+        state="running",
+        gpu_name="RTX 4090",
+        rental="on-demand",
+        # No rented_at: the team's rates would count this attempt's own clean hours, and the
+        # interval would grow with the clock the tests move.
+        running_at=START,
+        seconds_per_step=4.0,
+        **fields,
+    )
+    return attempt
+
+
+def interval(attempt: Attempt) -> int:
+    """The attempt's interval in whole seconds, rounded up (timedelta keeps microseconds)."""
+    rates = renting.preemption_rates(attempt.job.team_id, now=START)
+    return math.ceil(auto_checkpoint.interval_for(attempt, rates=rates, now=START).interval_s)
+
+
+def asked(attempt: Attempt) -> list[JobEvent]:
+    return list(JobEvent.objects.filter(job_id=attempt.job_id, kind="checkpoint_asked"))
+
+
+def deliver(attempt: Attempt) -> None:
+    """What the heartbeat does with a pending checkpoint_now: answers it once, then clears it."""
+    Attempt.objects.filter(pk=attempt.pk).update(pending_command="")
+
+
+def ready_checkpoint(attempt: Attempt, *, step: int, created, upload_s: float = 20.0):
+    return Checkpoint.objects.create(
+        job_id=attempt.job_id,
+        attempt=attempt,
+        step=step,
+        state="ready",
+        key=f"k/{step}",
+        size=1,
+        created_at=created,
+        ready_at=created + timedelta(seconds=upload_s),
+    )
+
+
+def test_the_spec_takes_checkpoint_auto_into_the_profile():
+    spec = JobSpec(name="j", image="img", command="c", profile={"checkpoint": "auto"})
+
+    assert spec.job_fields()["profile"]["checkpoint"] == "auto"
+    assert JobSpec(name="j", image="img", command="c").profile.checkpoint == "script"
+
+
+def test_the_on_demand_prior_with_the_default_delta_gives_about_an_hour():
+    attempt = running()
+
+    # λ 0.02/h (MTBF 50 h), δ 60 s until measured: √(2·60·180000) s.
+    assert interval(attempt) == math.ceil((2 * 60 * 50 * 3600) ** 0.5)
+
+
+def test_the_watchdog_asks_at_the_interval_and_not_before():
+    attempt = running()
+    due = START + timedelta(seconds=interval(attempt))
+
+    assert auto_checkpoint.ask_due_checkpoints(due - timedelta(seconds=1)) == 0
+    assert auto_checkpoint.ask_due_checkpoints(due) == 1
+
+    attempt.refresh_from_db()
+    assert attempt.pending_command == "checkpoint_now"
+    [event] = asked(attempt)
+    assert event.data["attempt_id"] == attempt.pk
+    assert "Young/Daly" in event.message
+    assert "δ 60 s (default until measured)" in event.message
+
+
+def test_the_watchdog_tick_asks_too():
+    attempt = running()
+    due = START + timedelta(seconds=interval(attempt))
+
+    assert watchdog.tick(now=due, poll_provider=False)["checkpoints_asked"] == 1
+
+
+def test_a_pending_request_is_recorded_once():
+    attempt = running()
+    due = START + timedelta(seconds=interval(attempt))
+
+    auto_checkpoint.ask_due_checkpoints(due)
+    deliver(attempt)
+    auto_checkpoint.ask_due_checkpoints(due + timedelta(seconds=10))
+    auto_checkpoint.ask_due_checkpoints(due + timedelta(seconds=20))
+
+    assert len(asked(attempt)) == 1
+
+
+def test_a_command_already_pending_is_left_alone():
+    attempt = running(pending_command="stop")
+    due = START + timedelta(seconds=interval(attempt))
+
+    assert auto_checkpoint.ask_due_checkpoints(due) == 0
+    attempt.refresh_from_db()
+    assert attempt.pending_command == "stop"
+    assert asked(attempt) == []
+
+
+def test_a_checkpoint_of_its_own_restarts_the_interval():
+    attempt = running()
+    every = interval(attempt)
+    ready_checkpoint(attempt, step=100, created=START + timedelta(seconds=every - 60))
+    # Measured δ 20 s now: a shorter interval, counted from that checkpoint's ready time.
+    shorter = interval(attempt)
+    ready_at = START + timedelta(seconds=every - 40)
+
+    assert shorter < every
+    assert auto_checkpoint.ask_due_checkpoints(ready_at + timedelta(seconds=shorter - 1)) == 0
+    assert auto_checkpoint.ask_due_checkpoints(ready_at + timedelta(seconds=shorter)) == 1
+
+
+def test_the_next_request_follows_the_checkpoint_that_answered():
+    attempt = running()
+    first = START + timedelta(seconds=interval(attempt))
+    auto_checkpoint.ask_due_checkpoints(first)
+    deliver(attempt)
+    ready_checkpoint(attempt, step=120, created=first + timedelta(seconds=10))
+    again = first + timedelta(seconds=30 + interval(attempt))
+
+    assert auto_checkpoint.ask_due_checkpoints(again - timedelta(seconds=1)) == 0
+    assert auto_checkpoint.ask_due_checkpoints(again) == 1
+    assert len(asked(attempt)) == 2
+
+
+def test_a_script_that_ignores_the_request_is_reported_once_and_not_asked_again():
+    attempt = running()
+    due = START + timedelta(seconds=interval(attempt))
+    auto_checkpoint.ask_due_checkpoints(due)
+    deliver(attempt)
+    grace = ci.ignored_after_s(ci.DEFAULT_DELTA_S, 15, 4.0)
+
+    auto_checkpoint.ask_due_checkpoints(due + timedelta(seconds=grace - 1))
+    assert not JobEvent.objects.filter(kind="checkpoint_ignored").exists()
+    for later in (grace, grace + 60, grace + 7200):
+        auto_checkpoint.ask_due_checkpoints(due + timedelta(seconds=later))
+
+    [event] = JobEvent.objects.filter(job_id=attempt.job_id, kind="checkpoint_ignored")
+    assert "the script did not checkpoint when asked" in event.message
+    assert len(asked(attempt)) == 1
+
+
+def test_a_checkpoint_announced_after_the_request_is_not_ignored():
+    attempt = running()
+    due = START + timedelta(seconds=interval(attempt))
+    auto_checkpoint.ask_due_checkpoints(due)
+    deliver(attempt)
+    Checkpoint.objects.create(
+        job_id=attempt.job_id, attempt=attempt, step=150, key="k", size=1, created_at=due
+    )
+
+    auto_checkpoint.ask_due_checkpoints(due + timedelta(hours=1))
+
+    assert not JobEvent.objects.filter(kind="checkpoint_ignored").exists()
+
+
+def test_a_script_job_is_never_asked():
+    attempt = running(profile={})
+
+    assert auto_checkpoint.ask_due_checkpoints(START + timedelta(days=1)) == 0
+    attempt.refresh_from_db()
+    assert attempt.pending_command == ""
+
+
+def test_budget_enforcement_can_still_ask_while_auto_waits():
+    attempt = running()
+
+    assert lifecycle.request_checkpoint(attempt.pk) is True
+    assert lifecycle.request_checkpoint(attempt.pk) is False  # already pending
+
+
+@pytest.fixture
+def member_client(client, cast):
+    client.force_login(cast.member)
+    return client
+
+
+def test_the_job_page_shows_the_interval_and_why(member_client, cast):
+    attempt = running(cast.team_a)
+
+    html = member_client.get(reverse("job-detail", args=[attempt.job_id])).content.decode()
+
+    assert "Checkpoints: every 77 min" in html  # √(2·60 s·50 h)
+    assert "λ 0.020/h (prior)" in html
+    assert "δ 60 s (default until measured)" in html
+    assert "did not checkpoint" not in html
+
+
+def test_the_job_page_warns_when_the_script_ignored_a_request(member_client, cast):
+    attempt = running(cast.team_a)
+    due = START + timedelta(seconds=interval(attempt))
+    auto_checkpoint.ask_due_checkpoints(due)
+    deliver(attempt)
+    auto_checkpoint.ask_due_checkpoints(due + timedelta(hours=1))
+
+    html = member_client.get(reverse("job-detail", args=[attempt.job_id])).content.decode()
+
+    assert "the script did not checkpoint when asked" in html
+
+
+def test_a_script_jobs_page_says_nothing_of_intervals(member_client, cast):
+    attempt = running(cast.team_a, profile={})
+
+    html = member_client.get(reverse("job-detail", args=[attempt.job_id])).content.decode()
+
+    assert 'id="ckpt-interval"' not in html
