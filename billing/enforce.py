@@ -147,13 +147,8 @@ def checkpoint_lead_s(
 
 
 def recent_uploads_s(job_id: int) -> list[float]:
-    """How long the job's newest uploads took, from the agent asking for targets to ready."""
-    rows = (
-        Checkpoint.objects.filter(job_id=job_id, ready_at__isnull=False)
-        .order_by("-ready_at")
-        .values_list("created_at", "ready_at")[:RECENT_UPLOADS]
-    )
-    return [(ready - created).total_seconds() for created, ready in rows if ready >= created]
+    """How long the job's newest ``RECENT_UPLOADS`` uploads took."""
+    return Checkpoint.objects.filter(job_id=job_id).upload_seconds(RECENT_UPLOADS)
 
 
 def job_lead_s(job_id: int) -> float:

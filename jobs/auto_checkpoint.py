@@ -165,14 +165,8 @@ def machine_record(machine_id: int | None, *, now: datetime) -> tuple[int, float
 
 
 def recent_uploads_s(job_id: int) -> list[float]:
-    """How long JOB_ID's newest uploads took, announced → ready (as budget enforcement reads
-    them, ``billing.enforce.recent_uploads_s``; jobs may not import billing)."""
-    rows = (
-        Checkpoint.objects.filter(job_id=job_id, ready_at__isnull=False)
-        .order_by("-ready_at")
-        .values_list("created_at", "ready_at")[:RECENT_UPLOADS]
-    )
-    return [(ready - created).total_seconds() for created, ready in rows if ready >= created]
+    """How long JOB_ID's newest ``RECENT_UPLOADS`` uploads took (δ's evidence)."""
+    return Checkpoint.objects.filter(job_id=job_id).upload_seconds(RECENT_UPLOADS)
 
 
 def last_ready_at(attempt: Attempt) -> datetime:

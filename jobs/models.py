@@ -316,6 +316,16 @@ class CheckpointQuerySet(models.QuerySet):
         """The step of ``newest_ready``, in one query, or None."""
         return self.ready().newest_first().values_list("step", flat=True).first()
 
+    def upload_seconds(self, newest: int) -> list[float]:
+        """How long the NEWEST uploads took, the agent asking for targets to ready (what a
+        checkpoint costs: budget enforcement's lead, the adaptive interval's δ)."""
+        rows = (
+            self.filter(ready_at__isnull=False)
+            .order_by("-ready_at")
+            .values_list("created_at", "ready_at")[:newest]
+        )
+        return [(ready - created).total_seconds() for created, ready in rows if ready >= created]
+
 
 class Checkpoint(models.Model):
     """A packed checkpoint object; ready only once verified and its manifest written (last)."""
