@@ -29,8 +29,6 @@ from jobs.models import (
 from nomadgpu.storage import object_store
 from nomadgpu.tokens import token_matches, token_prefix
 
-ACTIVE = ON_HOST_STATES
-
 # The phase boundaries an agent may report (PROTOCOL.md, ``phases``) and the Attempt field
 # each is kept in. A report older than PHASE_AGE_LIMIT_S is dropped as nonsense.
 PHASE_FIELDS = {
@@ -90,7 +88,7 @@ def _token_checked(attempt: Attempt | None, token: str) -> Attempt:
         raise TokenUnknown
     if attempt.state == AttemptState.REQUESTED:
         raise AttemptNotRentedYet
-    if attempt.state not in ACTIVE:
+    if attempt.state not in ON_HOST_STATES:
         raise TokenDead(attempt.end_reason or attempt.state)
     return attempt
 
@@ -109,7 +107,7 @@ def register_agent(
     resume = resume_instructions(job.pk)
     ages = {"deps_ready": 0.0, **(phases or {})}
     ages.setdefault("container_started", ages["deps_ready"])
-    Attempt.objects.filter(pk=attempt.pk, state__in=ACTIVE).update(
+    Attempt.objects.filter(pk=attempt.pk, state__in=ON_HOST_STATES).update(
         registered_at=now,
         last_heartbeat_at=now,
         heartbeat_deadline=heartbeat_deadline(attempt, now),
@@ -158,7 +156,7 @@ def record_phases(attempt_id: int, ages: dict[str, float], *, now: datetime) -> 
     restarted agent's repeats must not move it)."""
     fields = _first_reports(ages, now)
     if fields:
-        Attempt.objects.filter(pk=attempt_id, state__in=ACTIVE).update(**fields)
+        Attempt.objects.filter(pk=attempt_id, state__in=ON_HOST_STATES).update(**fields)
 
 
 def _first_reports(ages: dict[str, float], now: datetime) -> dict:
@@ -190,7 +188,9 @@ def _after_store(attempt: Attempt, beat: Heartbeat, *, stored: bool, now: dateti
     gets its answer."""
     if stored:
         if _stalled(attempt, beat, now):
-            Attempt.objects.filter(pk=attempt.pk, state__in=ACTIVE).update(heartbeat_deadline=now)
+            Attempt.objects.filter(pk=attempt.pk, state__in=ON_HOST_STATES).update(
+                heartbeat_deadline=now
+            )
         if attempt.step is None and beat.step is not None:
             # The first step on this host (an agent that does not report ``first_step``
             # itself is timed by its heartbeat: up to one interval late).

@@ -64,8 +64,12 @@ def ask_due_checkpoints(now: datetime) -> int:
 
 def decide(attempt: Attempt, *, rates: selection.PreemptionRates, now: datetime) -> bool:
     """Ask ATTEMPT for a checkpoint, note it ignored one, or wait; True when it was asked."""
+    ready_at, asked_at = last_ready_at(attempt), last_asked_at(attempt)
+    pending = asked_at is not None and asked_at > ready_at
+    waited_s = (now - ready_at).total_seconds()
+    if not pending and waited_s < ci.shortest_interval_s(attempt.job.heartbeat_interval_s):
+        return False  # not due at any interval: most ticks stop here, before the history
     choice = interval_for(attempt, rates=rates, now=now)
-    asked_at = last_asked_at(attempt)
     uploading = announced = False
     if asked_at is not None:
         since = Checkpoint.objects.filter(attempt=attempt, created_at__gte=asked_at)
@@ -74,7 +78,7 @@ def decide(attempt: Attempt, *, rates: selection.PreemptionRates, now: datetime)
     action = ci.next_action(
         now=now,
         interval_s=choice.interval_s,
-        last_ready_at=last_ready_at(attempt),
+        last_ready_at=ready_at,
         asked_at=asked_at,
         uploading_since_ask=uploading,
         announced_since_ask=announced,

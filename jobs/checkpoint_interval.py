@@ -117,8 +117,7 @@ def choose_interval(
     HEARTBEAT_S), ``MAX_INTERVAL_S``]; ``why`` names λ, MTBF, δ and their sources."""
     mtbf_s = 3600.0 / rate_per_h if rate_per_h > 0 else math.inf
     raw = young_daly_interval_s(delta_s, mtbf_s) if math.isfinite(mtbf_s) else math.inf
-    low = max(MIN_INTERVAL_S, MIN_HEARTBEATS * heartbeat_s)
-    interval = min(max(raw, low), MAX_INTERVAL_S)
+    interval = min(max(raw, shortest_interval_s(heartbeat_s)), MAX_INTERVAL_S)
     why = (
         f"Young/Daly √(2·δ·MTBF): λ {rate_per_h:.3f}/h ({rate_source}), "
         f"MTBF {_hours(mtbf_s)}, δ {delta_s:.0f} s ({delta_source})"
@@ -126,6 +125,12 @@ def choose_interval(
     if interval != raw:
         why += f"; clamped from {_hours(raw)}"
     return IntervalChoice(interval, rate_per_h, mtbf_s, delta_s, why)
+
+
+def shortest_interval_s(heartbeat_s: float) -> float:
+    """The lower clamp of ``choose_interval``: ``MIN_INTERVAL_S`` and ``MIN_HEARTBEATS``
+    heartbeats of HEARTBEAT_S, whichever is longer."""
+    return max(MIN_INTERVAL_S, MIN_HEARTBEATS * heartbeat_s)
 
 
 def _hours(seconds: float) -> str:

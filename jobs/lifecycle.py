@@ -70,7 +70,6 @@ ALLOWED_FROM: dict[str, frozenset[str]] = {
     S.PAUSED_BUDGET: frozenset({S.QUEUED, S.RENTING, S.STARTING, S.RUNNING, S.RECOVERING}),
     S.QUEUED: frozenset({S.PAUSED_BUDGET}),
 }
-ON_HOST = ON_HOST_STATES
 
 OUTBID = "outbid"  # the loss cause of an interruptible instance paused by a higher bid
 RENT_TASK = "jobs.tasks.rent_attempt"
@@ -300,7 +299,7 @@ def handle_loss(loss: Loss, *, now: datetime) -> bool:
     """The host of LOSS.attempt_id is lost: record it, release it; the job recovers, and the
     watchdog's next pass plans the replacement (``plan_rent``, with the machine avoided)."""
     with transaction.atomic():
-        attempt = close_attempt(loss.attempt_id, reason=loss.cause, now=now, states=ON_HOST)
+        attempt = close_attempt(loss.attempt_id, reason=loss.cause, now=now, states=ON_HOST_STATES)
         if attempt is None:
             return False
         last_ready = Checkpoint.objects.filter(job_id=attempt.job_id).newest_ready_step()
@@ -410,7 +409,9 @@ def handle_exit(attempt: Attempt, *, exit_code: int | None, reason: str, now: da
     the job fails and nothing is re-rented (moving hosts does not fix code), unless the job
     allows ``max_script_retries`` more runs: then it restarts from its newest checkpoint."""
     with transaction.atomic():
-        closed = close_attempt(attempt.pk, reason=f"exit {exit_code}", now=now, states=ON_HOST)
+        closed = close_attempt(
+            attempt.pk, reason=f"exit {exit_code}", now=now, states=ON_HOST_STATES
+        )
         if closed is None or reason == "stopped":
             return
         Attempt.objects.filter(pk=closed.pk).update(exit_code=exit_code)

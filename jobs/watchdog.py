@@ -29,13 +29,12 @@ from hosts import selection
 from hosts.vast import Instance, VastClient, VastError
 from jobs import auto_checkpoint, lifecycle, renting, stall
 from jobs.lifecycle import Loss
-from jobs.models import LIVE_ATTEMPT_STATES, Attempt, AttemptState, Checkpoint, Job
+from jobs.models import LIVE_ATTEMPT_STATES, ON_HOST_STATES, Attempt, AttemptState, Checkpoint, Job
 from nomadgpu.models import ServiceHeartbeat
 
 logger = logging.getLogger(__name__)
 
 WATCHDOG = "watchdog"
-ACTIVE = [AttemptState.STARTING, AttemptState.RUNNING]
 LOST_STATUSES = frozenset({"exited", "offline"})
 
 
@@ -162,7 +161,7 @@ def find_due_losses(now: datetime) -> list[Loss]:
     """Losses among attempts whose deadline passed (one indexed query), with their causes."""
     # Ordered by the deadline, as the index is: the default order (by job) sorted every time.
     due = (
-        Attempt.objects.filter(state__in=ACTIVE, heartbeat_deadline__lte=now)
+        Attempt.objects.filter(state__in=ON_HOST_STATES, heartbeat_deadline__lte=now)
         .select_related("job")
         .order_by("heartbeat_deadline", "pk")
     )
@@ -332,7 +331,7 @@ def reconcile_account(
     for attempt in attempts:
         if attempt.state == AttemptState.REQUESTED:
             adopt_or_close(attempt, by_label.get(attempt.label), now)
-        elif attempt.state in ACTIVE and attempt.instance_id is not None:
+        elif attempt.state in ON_HOST_STATES and attempt.instance_id is not None:
             instance = by_id.get(attempt.instance_id)
             loss = provider_loss(attempt, instance)
             note_provider_status(attempt, instance)
