@@ -31,7 +31,9 @@ always at min_bid exactly, and moving when outbid, as SkyPilot and dstack bid). 
 policy's mean true cost and p90 completion time (first rent to last step) against on-demand's;
 goals for ``auto``: cost <= 0.7, p90 <= 1.5. Then interruptions per job (host losses and
 outbids, raised or not), how many outbids ``auto`` answered by raising, and the rate ``auto``
-learned for its most used bid against the truth.
+learned for its most used bid against the truth. Last, the bound: the same jobs on the same
+truth with no outbid ever, i.e. what bidding at the market's min_bids could save at best (the
+goal is out of reach when this bound is near it: traffic and storage are not discounted).
 """
 
 from __future__ import annotations
@@ -205,6 +207,17 @@ def simulation(offers: list[Offer], factors: dict[int, float], n_jobs: int, seed
                 learned / true,
             )
         )
+    _, calm = simulate(
+        offers, factors, FIELD_REPORT, SIM_PROFILES, n_jobs=n_jobs, seed=seed, outbids=False
+    )
+    lines.append(
+        line(
+            "selection/sim bound: auto if never outbid",
+            f"${calm[AUTO].mean_usd:.3f} (no outbid at all)",
+            f"on-demand ${calm[ON_DEMAND].mean_usd:.3f}",
+            calm[AUTO].mean_usd / calm[ON_DEMAND].mean_usd,
+        )
+    )
     unfinished = sum(r.unfinished for r in runs.values())
     if unfinished:
         lines.append(f"selection/sim: {unfinished} jobs did not finish in the attempts allowed")

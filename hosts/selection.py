@@ -894,6 +894,7 @@ def offer_summary(offer: Offer, req: Requirements) -> dict[str, Any]:
         "download_usd_per_gb": offer.download_usd_per_gb,
         "upload_usd_per_gb": offer.upload_usd_per_gb,
         "inet_down_mbps": offer.inet_down_mbps,
+        "inet_up_mbps": offer.inet_up_mbps,  # the adaptive interval's δ before an upload
         "reliability": offer.reliability,
         "dlperf": offer.dlperf,
         "verified": offer.verified,

@@ -21,6 +21,7 @@ from datetime import datetime
 
 from hosts import selection
 from hosts.models import Machine
+from hosts.selection import BYTES_PER_GB
 from jobs import checkpoint_interval as ci
 from jobs import lifecycle, renting
 from jobs.models import Attempt, AttemptState, Checkpoint, CheckpointState, Job, JobEvent
@@ -126,16 +127,61 @@ def note_ignored(attempt: Attempt, *, asked_at: datetime, now: datetime) -> None
 def interval_for(
     attempt: Attempt, *, rates: selection.PreemptionRates, now: datetime
 ) -> ci.IntervalChoice:
-    """The Young/Daly interval for ATTEMPT: its host's failure rate, its job's uploads."""
+    """The checkpoint interval for ATTEMPT: its host's failure rate, what an upload costs on
+    that host, and the training it has left (``checkpoint_interval.choose_interval``)."""
     rate, source = failure_rate(attempt, rates=rates, now=now)
-    delta, delta_source = ci.checkpoint_cost_s(recent_uploads_s(attempt.job_id))
+    delta, delta_source = upload_cost_s(attempt)
     return ci.choose_interval(
         rate_per_h=rate,
         rate_source=source,
         delta_s=delta,
         delta_source=delta_source,
         heartbeat_s=attempt.job.heartbeat_interval_s,
+        remaining_s=remaining_training_s(attempt),
     )
+
+
+def upload_cost_s(attempt: Attempt) -> tuple[float, str]:
+    """δ for ATTEMPT (``checkpoint_interval.checkpoint_cost_s``): its own uploads, else the
+    size of the job's newest checkpoint (the spec's ``checkpoint_gb`` before any) over the
+    host's advertised upload speed, else the job's uploads on earlier hosts."""
+    job_checkpoints = Checkpoint.objects.filter(job_id=attempt.job_id)
+    here = job_checkpoints.filter(attempt=attempt).upload_seconds(RECENT_UPLOADS)
+    if here:
+        return ci.checkpoint_cost_s(this_host_s=here)
+    size = job_checkpoints.order_by("-created_at", "-pk").values_list("size", flat=True).first()
+    if not size:
+        size = float((attempt.job.profile or {}).get("checkpoint_gb") or 0) * BYTES_PER_GB
+    return ci.checkpoint_cost_s(
+        size_bytes=size,
+        upload_mbps=advertised_upload_mbps(attempt),
+        elsewhere_s=job_checkpoints.exclude(attempt=attempt).upload_seconds(RECENT_UPLOADS),
+    )
+
+
+def advertised_upload_mbps(attempt: Attempt) -> float | None:
+    """The upload speed ATTEMPT's offer advertised when it was rented (its decision's record of
+    the chosen offer; None for an attempt rented before that was recorded)."""
+    offer = ((attempt.decision or {}).get("chosen") or {}).get("offer") or {}
+    mbps = offer.get("inet_up_mbps")
+    return float(mbps) if isinstance(mbps, int | float) and mbps > 0 else None
+
+
+def remaining_training_s(attempt: Attempt) -> float | None:
+    """Seconds of training from ATTEMPT's newest ready checkpoint (its resume step when none)
+    to the job's last step, at its reported speed; None until a heartbeat told its step,
+    total and speed."""
+    total = attempt.total_steps or attempt.job.total_steps
+    if attempt.step is None or not total or not attempt.seconds_per_step:
+        return None
+    newest = (
+        Checkpoint.objects.filter(attempt=attempt, ready_at__isnull=False)
+        .order_by("-step")
+        .values_list("step", flat=True)
+        .first()
+    )
+    start = newest if newest is not None else attempt.resumed_from_step or 0
+    return max(total - start, 0) * attempt.seconds_per_step
 
 
 def failure_rate(
@@ -166,11 +212,6 @@ def machine_record(machine_id: int | None, *, now: datetime) -> tuple[int, float
     )
     hours = sum(max(((end or now) - start).total_seconds(), 0.0) for start, end in spans) / 3600
     return (losses.first() or 0), hours
-
-
-def recent_uploads_s(job_id: int) -> list[float]:
-    """How long JOB_ID's newest ``RECENT_UPLOADS`` uploads took (δ's evidence)."""
-    return Checkpoint.objects.filter(job_id=job_id).upload_seconds(RECENT_UPLOADS)
 
 
 def last_ready_at(attempt: Attempt) -> datetime:
@@ -215,8 +256,13 @@ def page_summary(job: Job, *, now: datetime) -> dict | None:
     else:
         last = JobEvent.objects.filter(job=job, kind=ASKED).order_by("-created_at").first()
         choice = last.data if last else None
+    interval = None
+    if choice and choice.get("interval_s") is None:
+        interval = "none before the end"  # split_remaining: the job ends sooner than one pays
+    elif choice:
+        interval = f"every {minutes(choice['interval_s'])}"
     return {
-        "interval": minutes(choice["interval_s"]) if choice else None,
+        "interval": interval,
         "why": choice["why"] if choice else "",
         "ignored": ignored.message if ignored else "",
     }

@@ -9,8 +9,19 @@ work per interruption (half an interval on average). The interval minimises the 
   (``jobs.renting.preemption_rates``, already blended with ``hosts.selection.prior_rate``);
   its host-loss share is blended again with the machine's own record (its interruptions in its
   rented hours), the team's rate weighing ``selection.PRIOR_WEIGHT_H`` hours. MTBF = 1/λ.
-- δ is the median of the job's recent uploads (checkpoint announced → ready), or
-  ``DEFAULT_DELTA_S`` until one is measured.
+- δ is what an upload takes on *this* host (``checkpoint_cost_s``): the median of the
+  attempt's own uploads (checkpoint announced → ready); before its first, the checkpoint's size
+  (the job's newest checkpoint, else the spec's ``checkpoint_gb``) over the host's advertised
+  upload speed plus ``UPLOAD_OVERHEAD_S``; else the job's uploads on its earlier hosts; else
+  ``DEFAULT_DELTA_S``. An upload's time is mostly the host's uplink, so the last host's uploads
+  say less about a new host than its own advertised speed does, and its own first upload
+  corrects an optimistic advertisement.
+- A job is finite (``split_remaining``): Young/Daly assumes an endless run, but the last
+  interval of a real one ends with the job's own end, which needs no checkpoint. The R seconds
+  of training between the newest ready checkpoint and the end are split into n equal
+  intervals, n minimising (n - 1)·δ + R²/(2·n·MTBF) (checkpoints paid against half an interval
+  redone per failure, to first order as Young's own derivation); n = 1 asks for none. Without
+  a step count and speed from the heartbeat, the plain interval is used.
 - The interval is clamped: at least ``MIN_INTERVAL_S`` and ``MIN_HEARTBEATS`` heartbeats (a
   request travels on a heartbeat's answer), at most ``MAX_INTERVAL_S``.
 
@@ -33,6 +44,9 @@ SCRIPT, AUTO = "script", "auto"
 # Until an upload is measured: 1 GB (the field report's adapter checkpoint is smaller; a full
 # model larger) at ~150 Mbit/s, a modest host's upload.
 DEFAULT_DELTA_S = 60.0
+# What an upload costs besides its bytes: asking for targets, completing and verifying, the
+# manifest (a few round trips; the agent's uploads of small checkpoints measure about this).
+UPLOAD_OVERHEAD_S = 2.0
 MIN_INTERVAL_S = 60.0
 MIN_HEARTBEATS = 2
 MAX_INTERVAL_S = 6 * 3600.0
@@ -77,13 +91,43 @@ def failure_rate_per_h(
     return outbids + machine, where
 
 
-def checkpoint_cost_s(uploads_s: Sequence[float]) -> tuple[float, str]:
-    """(δ seconds, where it came from): the median of UPLOADS_S (the job's recent uploads,
-    announced → ready), or ``DEFAULT_DELTA_S`` while none was measured."""
-    measured = [u for u in uploads_s if u > 0]
-    if not measured:
-        return DEFAULT_DELTA_S, "default until measured"
-    return statistics.median(measured), f"median of {len(measured)} uploads"
+def checkpoint_cost_s(
+    *,
+    this_host_s: Sequence[float] = (),
+    size_bytes: float | None = None,
+    upload_mbps: float | None = None,
+    elsewhere_s: Sequence[float] = (),
+) -> tuple[float, str]:
+    """(δ seconds, where it came from) for a checkpoint on the attempt's host (module
+    docstring): the median of THIS_HOST_S (its own uploads, announced → ready); else SIZE_BYTES
+    over UPLOAD_MBPS (its advertised upload speed) plus ``UPLOAD_OVERHEAD_S``; else the median
+    of ELSEWHERE_S (the job's uploads on earlier hosts); else ``DEFAULT_DELTA_S``."""
+    here = [u for u in this_host_s if u > 0]
+    if here:
+        return statistics.median(here), f"median of {len(here)} uploads on this host"
+    if size_bytes and size_bytes > 0 and upload_mbps and upload_mbps > 0:
+        seconds = size_bytes * 8 / (upload_mbps * 1e6) + UPLOAD_OVERHEAD_S
+        gb = size_bytes / selection.BYTES_PER_GB
+        return seconds, f"{gb:.1f} GB at the host's advertised {upload_mbps:.0f} Mbit/s up"
+    before = [u for u in elsewhere_s if u > 0]
+    if before:
+        return statistics.median(before), f"median of {len(before)} uploads on earlier hosts"
+    return DEFAULT_DELTA_S, "default until measured"
+
+
+def split_remaining(remaining_s: float, *, delta_s: float, mtbf_s: float) -> int:
+    """How many equal intervals the REMAINING_S seconds of training after the newest ready
+    checkpoint are best split into: the n >= 1 minimising (n - 1)·δ + R²/(2·n·MTBF) (the job's
+    end saves the last interval for free). Its continuous optimum is R / √(2·δ·MTBF), so
+    only the two whole numbers around it are compared."""
+    if remaining_s <= 0 or delta_s <= 0 or not math.isfinite(mtbf_s) or mtbf_s <= 0:
+        return 1
+    best = remaining_s / young_daly_interval_s(delta_s, mtbf_s)
+
+    def cost(n: int) -> float:
+        return (n - 1) * delta_s + remaining_s**2 / (2 * n * mtbf_s)
+
+    return min({max(math.floor(best), 1), max(math.ceil(best), 1)}, key=lambda n: (cost(n), n))
 
 
 @dataclass(frozen=True)
@@ -95,12 +139,16 @@ class IntervalChoice:
     mtbf_s: float
     delta_s: float
     why: str
+    remaining_s: float | None = None  # training left after the newest ready checkpoint
+    intervals_left: int | None = None  # what ``split_remaining`` made of it (1: none asked)
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready (an infinite MTBF, no failure ever seen nor assumed, is null)."""
+        """JSON-ready (an infinite MTBF or interval, no failure ever seen nor assumed or no
+        checkpoint before the end, is null)."""
         data = asdict(self)
-        if math.isinf(self.mtbf_s):
-            data["mtbf_s"] = None
+        for key in ("mtbf_s", "interval_s"):
+            if math.isinf(data[key]):
+                data[key] = None
         return data
 
 
@@ -111,20 +159,33 @@ def choose_interval(
     delta_s: float,
     delta_source: str,
     heartbeat_s: float,
+    remaining_s: float | None = None,
 ) -> IntervalChoice:
     """The checkpoint interval for a host failing RATE_PER_H times an hour and a checkpoint
-    costing DELTA_S: Young/Daly, clamped to [max(``MIN_INTERVAL_S``, ``MIN_HEARTBEATS`` x
-    HEARTBEAT_S), ``MAX_INTERVAL_S``]; ``why`` names λ, MTBF, δ and their sources."""
+    costing DELTA_S: Young/Daly; with REMAINING_S (training seconds left after the newest
+    ready checkpoint) known, that span split evenly (``split_remaining``), and infinite when
+    no checkpoint before the job's end pays. Clamped to [max(``MIN_INTERVAL_S``,
+    ``MIN_HEARTBEATS`` x HEARTBEAT_S), ``MAX_INTERVAL_S``]; ``why`` names λ, MTBF, δ, their
+    sources and the split."""
     mtbf_s = 3600.0 / rate_per_h if rate_per_h > 0 else math.inf
     raw = young_daly_interval_s(delta_s, mtbf_s) if math.isfinite(mtbf_s) else math.inf
-    interval = min(max(raw, shortest_interval_s(heartbeat_s)), MAX_INTERVAL_S)
     why = (
         f"Young/Daly √(2·δ·MTBF): λ {rate_per_h:.3f}/h ({rate_source}), "
         f"MTBF {_hours(mtbf_s)}, δ {delta_s:.0f} s ({delta_source})"
     )
+    pieces = None
+    if remaining_s is not None and remaining_s > 0:
+        pieces = split_remaining(remaining_s, delta_s=delta_s, mtbf_s=mtbf_s)
+        left = _hours(remaining_s)
+        if pieces == 1:
+            why += f"; {left} of training left: no checkpoint pays before the end"
+            return IntervalChoice(math.inf, rate_per_h, mtbf_s, delta_s, why, remaining_s, 1)
+        raw = remaining_s / pieces
+        why += f"; the {left} left split in {pieces}"
+    interval = min(max(raw, shortest_interval_s(heartbeat_s)), MAX_INTERVAL_S)
     if interval != raw:
         why += f"; clamped from {_hours(raw)}"
-    return IntervalChoice(interval, rate_per_h, mtbf_s, delta_s, why)
+    return IntervalChoice(interval, rate_per_h, mtbf_s, delta_s, why, remaining_s, pieces)
 
 
 def shortest_interval_s(heartbeat_s: float) -> float:

@@ -236,3 +236,73 @@ def test_a_script_jobs_page_says_nothing_of_intervals(member_client, cast):
     html = member_client.get(reverse("job-detail", args=[attempt.job_id])).content.decode()
 
     assert 'id="ckpt-interval"' not in html
+
+
+def rented_on(mbps: float) -> dict:
+    """The decision an attempt keeps of the offer it rented (``selection.offer_summary``)."""
+    return {"chosen": {"offer": {"id": 1, "inet_up_mbps": mbps}}}
+
+
+def test_before_its_first_upload_delta_comes_from_the_size_and_the_hosts_uplink():
+    attempt = running(profile={**AUTO, "checkpoint_gb": 1.0}, decision=rented_on(400), offer_id=1)
+    rates = renting.preemption_rates(attempt.job.team_id, now=START)
+
+    choice = auto_checkpoint.interval_for(attempt, rates=rates, now=START)
+
+    assert choice.delta_s == pytest.approx(2**30 * 8 / 400e6 + ci.UPLOAD_OVERHEAD_S)
+    assert "1.0 GB at the host's advertised 400 Mbit/s up" in choice.why
+
+
+def test_a_new_host_prices_the_newest_checkpoint_at_its_own_uplink_not_the_old_hosts():
+    first = running(profile={**AUTO, "checkpoint_gb": 5.0})
+    ready_checkpoint(first, step=100, created=START, upload_s=300.0)  # a slow old uplink
+    Checkpoint.objects.filter(attempt=first).update(size=2 * 2**30)
+    Attempt.objects.filter(pk=first.pk).update(state="lost")
+    second, _ = make_attempt(
+        first.job,
+        number=2,
+        state="running",
+        gpu_name="RTX 4090",
+        rental="on-demand",
+        running_at=START,
+        seconds_per_step=4.0,
+        decision=rented_on(2000),
+    )
+    rates = renting.preemption_rates(second.job.team_id, now=START)
+
+    choice = auto_checkpoint.interval_for(second, rates=rates, now=START)
+
+    assert choice.delta_s == pytest.approx(2 * 2**30 * 8 / 2000e6 + ci.UPLOAD_OVERHEAD_S)
+
+    # Without the new host's speed, the old host's uploads are the evidence left.
+    Attempt.objects.filter(pk=second.pk).update(decision={})
+    second.refresh_from_db()
+    choice = auto_checkpoint.interval_for(second, rates=rates, now=START)
+    assert (choice.delta_s, choice.why.count("on earlier hosts")) == (300.0, 1)
+
+
+def test_the_rest_of_a_long_run_is_split_evenly():
+    # A bid at min_bid: λ ≈ 0.52/h by the prior, δ 60 s: τ ≈ 644 s; 1000 steps of 4 s left.
+    attempt = running(bid_margin=0.0, step=0, total_steps=1000)
+    Attempt.objects.filter(pk=attempt.pk).update(rental="interruptible")
+    attempt.refresh_from_db()
+    rates = renting.preemption_rates(attempt.job.team_id, now=START)
+
+    choice = auto_checkpoint.interval_for(attempt, rates=rates, now=START)
+
+    pieces = ci.split_remaining(4000, delta_s=60, mtbf_s=choice.mtbf_s)
+    assert pieces > 1
+    assert choice.interval_s == pytest.approx(4000 / pieces)
+    due = START + timedelta(seconds=math.ceil(choice.interval_s))
+    assert auto_checkpoint.ask_due_checkpoints(due - timedelta(seconds=1)) == 0
+    assert auto_checkpoint.ask_due_checkpoints(due) == 1
+
+
+def test_a_job_about_to_finish_is_not_asked_and_its_page_says_why(member_client, cast):
+    attempt = running(cast.team_a, step=280, total_steps=300)  # 80 s of training left
+
+    assert auto_checkpoint.ask_due_checkpoints(START + timedelta(hours=6)) == 0
+    assert asked(attempt) == []
+    html = member_client.get(reverse("job-detail", args=[attempt.job_id])).content.decode()
+    assert "Checkpoints: none before the end" in html
+    assert "no checkpoint pays before the end" in html

@@ -96,12 +96,93 @@ def test_a_bids_outbid_share_is_kept_when_the_machine_record_replaces_host_loss(
     assert outbids < rate < bid
 
 
-def test_delta_is_the_median_of_measured_uploads():
-    assert ci.checkpoint_cost_s([10.0, 40.0, 20.0]) == (20.0, "median of 3 uploads")
+def test_delta_is_the_median_of_this_hosts_uploads():
+    delta = ci.checkpoint_cost_s(
+        this_host_s=[10.0, 40.0, 20.0], size_bytes=2**30, upload_mbps=100, elsewhere_s=[90.0]
+    )
+
+    assert delta == (20.0, "median of 3 uploads on this host")
 
 
-def test_delta_is_the_default_until_an_upload_is_measured():
-    assert ci.checkpoint_cost_s([]) == (ci.DEFAULT_DELTA_S, "default until measured")
+def test_before_its_first_upload_delta_is_the_size_over_the_advertised_speed():
+    # 1 GiB at 800 Mbit/s: 10.7 s, and the fixed cost of asking, completing, verifying.
+    delta, source = ci.checkpoint_cost_s(size_bytes=2**30, upload_mbps=800, elsewhere_s=[90.0])
+
+    assert delta == pytest.approx(2**30 * 8 / 800e6 + ci.UPLOAD_OVERHEAD_S)
+    assert source == "1.0 GB at the host's advertised 800 Mbit/s up"
+
+
+def test_without_size_or_speed_the_uploads_on_earlier_hosts_are_used():
+    assert ci.checkpoint_cost_s(upload_mbps=800, elsewhere_s=[30.0, 50.0]) == (
+        40.0,
+        "median of 2 uploads on earlier hosts",
+    )
+    assert ci.checkpoint_cost_s(size_bytes=2**30, elsewhere_s=[30.0])[0] == 30.0
+
+
+def test_delta_is_the_default_until_anything_is_known():
+    assert ci.checkpoint_cost_s() == (ci.DEFAULT_DELTA_S, "default until measured")
+
+
+def test_a_long_job_is_split_at_about_the_young_daly_interval():
+    # τ = √(2·20·3600) = 379 s; 3800 s left: 10.02 intervals' worth, so 10.
+    assert ci.split_remaining(3800, delta_s=20, mtbf_s=3600) == 10
+
+
+def test_a_short_rest_of_a_job_asks_for_no_checkpoint():
+    # 300 s left, δ 15 s, MTBF 1 h: a checkpoint costs 15 s; skipping it risks 300²/7200 = 12.5.
+    assert ci.split_remaining(300, delta_s=15, mtbf_s=3600) == 1
+
+
+def test_the_split_compares_both_whole_numbers_around_the_optimum():
+    # With R = k·τ (τ² = 2δM), one interval costs k²·δ and two δ + k²·δ/2: two pay from k = √2.
+    tau = ci.young_daly_interval_s(10, 3600)
+    assert ci.split_remaining(1.40 * tau, delta_s=10, mtbf_s=3600) == 1
+    assert ci.split_remaining(1.45 * tau, delta_s=10, mtbf_s=3600) == 2
+
+
+def test_a_host_that_never_fails_needs_no_checkpoint_before_the_end():
+    assert ci.split_remaining(3600, delta_s=20, mtbf_s=math.inf) == 1
+
+
+def test_the_interval_spreads_the_rest_of_the_job_evenly():
+    choice = ci.choose_interval(
+        rate_per_h=1.0,
+        rate_source="prior",
+        delta_s=20,
+        delta_source="measured",
+        heartbeat_s=15,
+        remaining_s=1200,
+    )
+
+    # τ = 379 s: 1200 s is 3.16 of them, and three intervals of 400 s cost less than four.
+    assert (choice.intervals_left, choice.interval_s) == (3, 400)
+    assert "the 20 min left split in 3" in choice.why
+
+
+def test_no_checkpoint_is_asked_when_none_pays_before_the_end():
+    choice = ci.choose_interval(
+        rate_per_h=1.0,
+        rate_source="prior",
+        delta_s=20,
+        delta_source="measured",
+        heartbeat_s=15,
+        remaining_s=240,
+    )
+
+    assert math.isinf(choice.interval_s)
+    assert choice.as_dict()["interval_s"] is None
+    assert "no checkpoint pays before the end" in choice.why
+    due = ci.next_action(
+        now=NOW + timedelta(days=1),
+        interval_s=choice.interval_s,
+        last_ready_at=NOW,
+        asked_at=None,
+        uploading_since_ask=False,
+        announced_since_ask=False,
+        ignored_after=60,
+    )
+    assert due == ci.WAIT
 
 
 def test_a_request_is_ignored_after_three_deltas_or_four_heartbeats():

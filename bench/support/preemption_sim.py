@@ -490,8 +490,11 @@ def simulate(
     *,
     n_jobs: int,
     seed: int,
+    outbids: bool = True,
 ) -> tuple[Truth, dict[str, PolicyRun]]:
-    """N_JOBS jobs in sequence under each policy, on one truth drawn from SEED.
+    """N_JOBS jobs in sequence under each policy, on one truth drawn from SEED (without
+    OUTBIDS: the same truth with no other tenant ever outbidding, the bound on what bidding
+    can save on this market).
 
     One ``random.Random(seed)`` draws the truth, then each job's shape (one of PROFILES) and
     a seed for that job's interruption draws; every policy replays the same jobs with the
@@ -499,6 +502,8 @@ def simulate(
     copy of the market (the min_bids its outbids moved)."""
     rng = random.Random(seed)
     truth = draw_truth(offers, speed_factor, rng)
+    if not outbids:
+        truth = replace(truth, outbid_per_h=dict.fromkeys(truth.outbid_per_h, 0.0))
     jobs = [(rng.choice(profiles), rng.getrandbits(64)) for _ in range(n_jobs)]
     runs = {}
     for policy in POLICIES:
