@@ -1,18 +1,21 @@
 """The NomadGPU checkpoint protocol for training scripts, plus the in-container agent.
 
-A training script run by the agent uses three calls (standard library only, cheap to import)::
+A training script run by the agent uses these calls (standard library only, cheap to import)::
 
-    from agent import report, mark_ready, checkpoint_requested
+    from agent import checkpoint_mode, checkpoint_requested, mark_ready, report
 
+    own_schedule = checkpoint_mode() == "script"   # "auto": the supervisor says when
+    ...
     report(step, total_steps=300, loss=0.71)   # progress, shown live and used to spot stalls
-    if step % 50 == 0 or checkpoint_requested():
+    if checkpoint_requested() or (own_schedule and step % 50 == 0):
         save_everything_to(path)               # a directory under $NOMAD_CHECKPOINT_DIR
         mark_ready(path, step)                 # last: the agent uploads it from here on
 
 On resume the agent sets ``$NOMAD_RESUME_FROM`` to the restored checkpoint directory.
 Scripts in other languages follow the same protocol with files: write progress JSON to
 ``$NOMAD_PROGRESS_FILE`` (rename into place) and, after the checkpoint directory is complete,
-create ``<dir>/NOMAD_READY`` holding the step number. See agent/PROTOCOL.md.
+create ``<dir>/NOMAD_READY`` holding the step number; ``$NOMAD_CHECKPOINT_MODE`` says whether
+to keep their own schedule. See agent/PROTOCOL.md.
 
 Everything heavy (httpx, cryptography) is imported by the agent's own modules only.
 """
@@ -28,10 +31,12 @@ import tempfile
 import time
 
 __version__ = "0.1.0"
-__all__ = ["checkpoint_requested", "mark_ready", "report"]
+__all__ = ["checkpoint_mode", "checkpoint_requested", "mark_ready", "report"]
 
 READY_MARKER = "NOMAD_READY"
 UPLOADED_MARKER = "NOMAD_UPLOADED"
+# The job's checkpoint policy, as jobs.checkpoint_interval spells it (the agent cannot import it).
+SCRIPT, AUTO = "script", "auto"
 
 # Counted, not an Event: a signal handler must not take locks the interrupted code may hold.
 _signals_seen = 0
@@ -78,6 +83,18 @@ def checkpoint_requested() -> bool:
         return False
     _signals_handled = seen  # several requests since the last call count as one
     return True
+
+
+def checkpoint_mode() -> str:
+    """Who decides when to checkpoint: ``"auto"`` or ``"script"`` ($NOMAD_CHECKPOINT_MODE).
+
+    ``"auto"``: the supervisor asks (``checkpoint_requested()``) at an interval it works out
+    from the host's failure rate and the upload time; save only when asked (and when stopping
+    or finishing): a schedule of the script's own would stall training for uploads that the
+    interval was chosen to leave out. ``"script"`` (the default, also when not run by the
+    agent): keep the script's own schedule; requests, e.g. before a planned move, come on top.
+    """
+    return AUTO if os.environ.get("NOMAD_CHECKPOINT_MODE") == AUTO else SCRIPT
 
 
 def _install_handler() -> None:

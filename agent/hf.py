@@ -13,6 +13,13 @@ It reports progress and loss, saves when the supervisor asks for a checkpoint, a
 ``$NOMAD_CHECKPOINT_DIR``: the agent watches that directory. Avoid a small ``save_total_limit``
 (the Trainer deletes old checkpoints, possibly while the agent is still uploading them).
 
+Who decides when to save follows the job's ``checkpoint`` setting (``agent.checkpoint_mode()``):
+with ``"script"`` (the default) the Trainer keeps its own ``save_steps`` / epoch schedule and
+requests add saves to it; with ``"auto"`` the Trainer saves only when the supervisor asks and
+at the end of training, and its ``save_steps`` / epoch saves are dropped. This relies on the
+Trainer calling its ``DefaultFlowCallback`` (which sets ``should_save`` on that schedule) before
+the callbacks it is given, as ``Trainer`` does (``DEFAULT_CALLBACKS + callbacks``).
+
 This module imports without transformers installed; only using ``NomadCallback`` needs it.
 """
 
@@ -21,7 +28,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from agent import checkpoint_requested, mark_ready, report
+from agent import AUTO, checkpoint_mode, checkpoint_requested, mark_ready, report
 
 
 def _build_callback_class() -> type:
@@ -38,6 +45,7 @@ def _build_callback_class() -> type:
 
         def __init__(self) -> None:
             self._loss: float | None = None
+            self._auto = checkpoint_mode() == AUTO
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             checkpoint_requested()  # installs the SIGUSR1 handler before the first step
@@ -49,8 +57,19 @@ def _build_callback_class() -> type:
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
             report(state.global_step, state.max_steps or None, self._loss)
-            if checkpoint_requested():
+            requested = checkpoint_requested()
+            if self._auto:
+                # DefaultFlowCallback ran before us and set should_save at save_steps: in auto
+                # mode the supervisor's interval replaces that schedule, so only a request or
+                # the end of training saves.
+                control.should_save = requested or _final_save(control)
+            elif requested:
                 control.should_save = True
+            return control
+
+        def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            if self._auto:  # save_strategy="epoch": the same schedule, set per epoch
+                control.should_save = _final_save(control)
             return control
 
         def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -59,6 +78,11 @@ def _build_callback_class() -> type:
                 mark_ready(path, state.global_step)
 
     return NomadCallback
+
+
+def _final_save(control: Any) -> bool:
+    # The Trainer's save as training ends stays in auto mode: that checkpoint is the job's result.
+    return bool(control.should_save and control.should_training_stop)
 
 
 def checkpoint_path(output_dir: str, step: int) -> str:

@@ -75,6 +75,7 @@ class Assignment:
     resume: dict[str, Any] | None
     data_key: bytes | None
     stop_grace_s: float | None = None
+    checkpoint_mode: str = agent.SCRIPT
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
@@ -103,8 +104,16 @@ def parse_assignment(reply: dict[str, Any]) -> Assignment:
         resume=reply.get("resume") or None,
         data_key=data_key,
         stop_grace_s=float(grace) if grace is not None else None,
+        checkpoint_mode=checkpoint_mode(reply.get("checkpoint")),
         raw=reply,
     )
+
+
+def checkpoint_mode(checkpoint: Any) -> str:
+    """Register's ``checkpoint.mode``; ``script`` from a server too old to send one (it never
+    asks for checkpoints on its own) and for a value this agent does not know."""
+    mode = checkpoint.get("mode") if isinstance(checkpoint, dict) else None
+    return agent.AUTO if mode == agent.AUTO else agent.SCRIPT
 
 
 class Agent:
@@ -246,6 +255,7 @@ class Agent:
             NOMAD_PROGRESS_FILE=str(self.progress.path),
             NOMAD_JOB_ID=a.job_id,
             NOMAD_ATTEMPT=str(a.attempt_no),
+            NOMAD_CHECKPOINT_MODE=a.checkpoint_mode,
         )
         env.pop("NOMAD_RESUME_FROM", None)
         env.pop("NOMAD_TOTAL_STEPS", None)

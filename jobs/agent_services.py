@@ -16,7 +16,8 @@ from datetime import datetime, timedelta
 from django.db.models import DateTimeField, F, Value
 from django.db.models.functions import Coalesce
 
-from jobs import checkpoints, heartbeat_store, lifecycle, stall
+from jobs import auto_checkpoint, checkpoints, heartbeat_store, lifecycle, stall
+from jobs import checkpoint_interval as ci
 from jobs.heartbeat_store import LOG_TAIL_LIMIT, Heartbeat
 from jobs.models import (
     ON_HOST_STATES,
@@ -96,7 +97,8 @@ def _token_checked(attempt: Attempt | None, token: str) -> Attempt:
 def register_agent(
     attempt: Attempt, *, now: datetime, phases: dict[str, float] | None = None
 ) -> dict:
-    """Record the agent's arrival and tell it what to run and where to resume from.
+    """Record the agent's arrival and tell it what to run, where to resume from and whether the
+    supervisor chooses when to checkpoint (``checkpoint.mode``).
 
     Idempotent while the attempt lives: an agent restarted in the same container registers
     again (its heartbeats' ``seq`` continue above the old ones by the clock, see PROTOCOL.md).
@@ -121,7 +123,11 @@ def register_agent(
         "env": job.env,
         "total_steps": job.total_steps,
         "heartbeat_interval_s": job.heartbeat_interval_s,
-        "checkpoint": {"keep_last": job.keep_last, "upload_part_size": checkpoints.PART_SIZE},
+        "checkpoint": {
+            "keep_last": job.keep_last,
+            "upload_part_size": checkpoints.PART_SIZE,
+            "mode": ci.AUTO if auto_checkpoint.is_auto(job) else ci.SCRIPT,
+        },
         "resume": resume,
         "encryption": _encryption(job),
     }

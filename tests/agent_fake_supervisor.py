@@ -90,6 +90,7 @@ class FakeJob:
     part_size: int = 8 * 1024 * 1024
     keep_last: int = 3
     stop_grace_s: float | None = None
+    checkpoint_mode: str | None = None  # None: left out of register's reply, as older servers do
 
 
 @dataclass
@@ -246,7 +247,11 @@ class FakeSupervisor:
             "heartbeat_interval_s": job.heartbeat_interval_s,
             "total_steps": job.total_steps,
             "stop_grace_s": job.stop_grace_s,
-            "checkpoint": {"keep_last": job.keep_last, "upload_part_size": job.part_size},
+            "checkpoint": {
+                "keep_last": job.keep_last,
+                "upload_part_size": job.part_size,
+                **({"mode": job.checkpoint_mode} if job.checkpoint_mode else {}),
+            },
             "resume": self._resume_target(),
             "encryption": (
                 {"data_key_b64": base64.b64encode(job.data_key).decode(), "format": "ngck1"}

@@ -80,6 +80,25 @@ def test_register_tells_the_agent_what_to_run(client):
     assert attempt.heartbeat_deadline > attempt.registered_at
 
 
+@pytest.mark.parametrize(
+    ("profile", "mode"),
+    [
+        ({"checkpoint": "auto"}, "auto"),
+        ({"checkpoint": "script"}, "script"),
+        ({}, "script"),
+        ({"checkpoint": "every 50 steps"}, "script"),
+    ],
+)
+def test_register_says_whether_the_supervisor_chooses_when_to_checkpoint(client, profile, mode):
+    job = JobFactory(profile=profile, keep_last=4)
+    _, token = make_attempt(job)
+
+    body = call(client, token, "register", {"agent_version": "0.1"}).json()
+
+    assert body["checkpoint"]["mode"] == mode
+    assert body["checkpoint"]["keep_last"] == 4
+
+
 def test_a_fractional_heartbeat_interval_reaches_the_agent_and_sets_the_deadline(client):
     job = JobFactory(heartbeat_interval_s=0.5)
     attempt, token = make_attempt(job)

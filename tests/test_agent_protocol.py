@@ -72,6 +72,19 @@ def test_checkpoint_requested_chains_an_earlier_handler(fresh_signal_state):
     assert seen == [signal.SIGUSR1]
 
 
+@pytest.mark.parametrize(
+    ("value", "mode"),
+    [("auto", "auto"), ("script", "script"), (None, "script"), ("AUTO", "script")],
+)
+def test_checkpoint_mode_reads_the_agents_variable_and_defaults_to_script(monkeypatch, value, mode):
+    if value is None:
+        monkeypatch.delenv("NOMAD_CHECKPOINT_MODE", raising=False)
+    else:
+        monkeypatch.setenv("NOMAD_CHECKPOINT_MODE", value)
+
+    assert agent.checkpoint_mode() == mode
+
+
 def test_the_hf_module_imports_without_transformers_and_says_what_is_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
     monkeypatch.delitem(sys.modules, "agent.hf", raising=False)

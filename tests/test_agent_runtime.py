@@ -224,6 +224,51 @@ def test_checkpoint_now_makes_the_script_save_one(make_supervisor, runs, tmp_pat
     assert run.wait(30) != 0
 
 
+@pytest.mark.parametrize(
+    ("sent", "seen"), [("auto", "auto"), ("script", "script"), (None, "script")]
+)
+def test_the_command_is_told_who_chooses_when_to_checkpoint(
+    make_supervisor, runs, tmp_path, zipapp, sent, seen
+):
+    supervisor = make_supervisor(checkpoint_mode=sent)  # None: an older server's reply
+    supervisor.job.command = 'echo "checkpoint mode: $NOMAD_CHECKPOINT_MODE"'
+    attempt = supervisor.new_attempt()
+    # What the agent itself inherited must not reach the command: register's reply decides.
+    inherited = {"NOMAD_CHECKPOINT_MODE": "script" if seen == "auto" else "auto"}
+    runs.append(start_agent(supervisor, attempt, tmp_path / "work", zipapp=zipapp, env=inherited))
+
+    assert runs[-1].wait(30) == 0, runs[-1].log()
+    assert f"checkpoint mode: {seen}" in attempt.exit["log_tail"]
+
+
+def test_in_auto_mode_the_script_saves_only_when_asked_and_when_stopped(
+    make_supervisor, runs, tmp_path
+):
+    supervisor = make_supervisor(
+        env={**FAST, "TOY_STEPS": "400", "TOY_CHECKPOINT_EVERY": "5"},
+        checkpoint_mode="auto",
+        stop_grace_s=10,
+    )
+    attempt = supervisor.new_attempt()
+    run = start_agent(supervisor, attempt, tmp_path / "work")
+    runs.append(run)
+    checkpoints = tmp_path / "work" / "checkpoints"
+    wait_until(lambda: any(s >= 12 for s in steps_seen(attempt)), timeout=30, what="step 12")
+    # The toy saves before it reports the next step: steps 5 and 10 would be on disk by now.
+    assert not list(checkpoints.glob("checkpoint-*"))
+
+    supervisor.command(attempt, "checkpoint_now")
+    wait_until(lambda: supervisor.ready_checkpoints(attempt), timeout=30, what="a checkpoint")
+    (asked,) = supervisor.ready_checkpoints(attempt)
+    supervisor.command(attempt, "stop")
+    assert run.wait(30) != 0, run.log()
+
+    steps = [c.step for c in supervisor.ready_checkpoints(attempt)]
+    assert steps[0] == asked.step
+    assert len(steps) == 2  # the one asked for and the one on stop, none on its own schedule
+    assert len(list(checkpoints.glob("checkpoint-*"))) == 2
+
+
 def test_heartbeats_report_the_containers_traffic_since_the_agent_started(
     make_supervisor, runs, tmp_path, zipapp
 ):

@@ -49,3 +49,10 @@ def test_different_seeds_give_different_digests(tmp_path):
     two = digest(run_toy(tmp_path, NOMAD_CHECKPOINT_DIR=str(tmp_path / "b"), TOY_SEED="7"))
 
     assert one != two
+
+
+def test_in_auto_mode_it_keeps_no_schedule_of_its_own_and_saves_at_its_last_step(tmp_path):
+    out = run_toy(tmp_path, NOMAD_CHECKPOINT_DIR=str(tmp_path / "a"), NOMAD_CHECKPOINT_MODE="auto")
+
+    assert "checkpoint saved at step 50" not in out
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["checkpoint-120"]

@@ -13,6 +13,8 @@ Standard library only; a run takes seconds. Settings (environment):
 Checkpoints are folders ``checkpoint-<step>`` directly under $NOMAD_CHECKPOINT_DIR (like Hugging
 Face's), marked ready with ``agent.mark_ready``. Resumes from $NOMAD_RESUME_FROM. On SIGTERM it
 saves a checkpoint and exits with 143; on SIGUSR1 (the agent's checkpoint_now) it saves one.
+With $NOMAD_CHECKPOINT_MODE=auto (the job's ``checkpoint = "auto"``) TOY_CHECKPOINT_EVERY is
+ignored: it saves only when asked, when stopped and at the last step.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from agent import checkpoint_requested, mark_ready, report
+from agent import AUTO, checkpoint_mode, checkpoint_requested, mark_ready, report
 
 STATE_FILE = "state.json"
 WEIGHTS_FILE = "weights.bin"
@@ -101,6 +103,7 @@ def save(root: Path, step: int, loss: float, weights: list[float]) -> None:
 def main() -> int:
     steps = int(env_number("TOY_STEPS", env_number("NOMAD_TOTAL_STEPS", 300)))
     every = int(env_number("TOY_CHECKPOINT_EVERY", 50))
+    own_schedule = checkpoint_mode() != AUTO  # auto: the supervisor's requests replace it
     step_seconds = env_number("TOY_STEP_SECONDS", 0.02)
     size = max(1, int(env_number("TOY_WEIGHTS_KB", 8) * 1024 // 8))
     seed = int(env_number("TOY_SEED", 1234))
@@ -115,7 +118,8 @@ def main() -> int:
         loss = sgd_step(weights, target, step, seed)
         report(step, total_steps=steps, loss=loss)
         print(f"step {step}/{steps} loss {loss:.6f}", flush=True)
-        if step % every == 0 or step == steps or checkpoint_requested() or stopping:
+        due = own_schedule and step % every == 0
+        if due or step == steps or checkpoint_requested() or stopping:
             save(root, step, loss, weights)
         if stopping:
             print(f"stopped at step {step}", flush=True)

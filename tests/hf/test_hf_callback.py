@@ -152,6 +152,68 @@ def test_the_trainer_saves_a_requested_checkpoint_between_save_steps(
     assert json.loads((tmp_path / "progress.json").read_text())["step"] == 5
 
 
+def train_tiny(out, *, max_steps: int, save_steps: int, callbacks: list) -> None:
+    qlora = load_train_module()
+    options = qlora.parse_args([*TINY_FLAGS, "--steps", str(max_steps)])
+    model, data, enc = qlora.tiny_model_and_data(options)
+    args = TrainingArguments(
+        output_dir=str(out), max_steps=max_steps, save_steps=save_steps,
+        per_device_train_batch_size=2, logging_steps=1, use_cpu=True, report_to="none",
+        disable_tqdm=True, remove_unused_columns=False,
+    )  # fmt: skip
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=data,
+        data_collator=qlora.PadCollator(enc.pad_id),
+        callbacks=callbacks,
+    )
+    trainer.train()
+
+
+@pytest.mark.parametrize(
+    ("mode", "saved"),
+    [
+        # The supervisor's interval replaces save_steps: the request and the end only.
+        ("auto", [3, 6]),
+        # The Trainer's own schedule, the request on top of it.
+        ("script", [2, 3, 4, 6]),
+    ],
+)
+def test_in_auto_mode_the_trainer_saves_only_when_asked_and_at_the_end(
+    usr1, one_thread, monkeypatch, tmp_path, mode, saved
+):
+    monkeypatch.setenv("NOMAD_PROGRESS_FILE", str(tmp_path / "progress.json"))
+    monkeypatch.setenv("NOMAD_CHECKPOINT_MODE", mode)
+    out = tmp_path / "out"
+
+    train_tiny(
+        out,
+        max_steps=6,
+        save_steps=2,
+        callbacks=[RequestCheckpointDuring(3, usr1), NomadCallback()],
+    )
+
+    assert sorted(p.name for p in out.iterdir()) == [f"checkpoint-{step}" for step in saved]
+    for step in saved:
+        assert (out / f"checkpoint-{step}" / agent.READY_MARKER).read_text() == f"{step}\n"
+
+
+def test_in_auto_mode_the_trainers_epoch_saves_are_dropped_but_the_last_one_stays(
+    monkeypatch, tmp_path
+):
+    monkeypatch.setenv("NOMAD_CHECKPOINT_MODE", "auto")
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    callback = NomadCallback()
+    state = TrainerState(global_step=10, max_steps=20)
+
+    mid = callback.on_epoch_end(args, state, TrainerControl(should_save=True))
+    last = TrainerControl(should_save=True, should_training_stop=True)
+
+    assert mid.should_save is False
+    assert callback.on_epoch_end(args, state, last).should_save is True
+
+
 def test_the_chat_template_path_learns_only_the_assistant_turn():
     """The GPU path's data handling, on an in-memory byte-level tokenizer with a Qwen-style
     chat template (the real tokenizer would be a download)."""
