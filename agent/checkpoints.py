@@ -395,7 +395,9 @@ def _put(storage: httpx.Client, url: str, body: Any, headers: dict[str, str]) ->
     except httpx.HTTPError as exc:
         raise StorageError(f"PUT failed: {type(exc).__name__}: {exc}") from exc
     if response.status_code >= 300:
-        expired = response.status_code in (401, 403)
+        # 401/403: the URL expired; 410: the server refuses writes of an ended attempt. Either
+        # way the same URL never works again: ask the supervisor (which fences a dead attempt).
+        expired = response.status_code in (401, 403, 410)
         raise StorageError(
             f"PUT answered {response.status_code}: {response.text[:300]}", expired=expired
         )

@@ -7,7 +7,12 @@ class JobsConfig(AppConfig):
     def ready(self) -> None:
         from celery.signals import worker_ready
 
+        from jobs.checkpoints import late_write_refusal
+        from nomadgpu.storage import install_write_guard
+
         worker_ready.connect(_enforce_on_worker_start, weak=False)
+        # The local store's PUTs must stop landing once the attempt that got the URL is over.
+        install_write_guard(late_write_refusal)
 
 
 def _enforce_on_worker_start(**_kwargs) -> None:

@@ -4,18 +4,28 @@ An attempt may write only under ``<job prefix>attempts/<n>/`` because the server
 from the authenticated attempt; a zombie agent on an old host cannot touch the new attempt's
 objects. A checkpoint is ready only when its object was verified and ``manifest.json`` beside it
 was written, last, with a create-only PUT.
+
+An attempt that ended can never complete an upload (its token is dead), but the URLs it was
+given stay valid for ``PRESIGN_TTL_S``, and a host frozen mid-PUT finishes the PUT when it
+thaws. So: the local store refuses such writes (``late_write_refusal``, its write guard); on
+S3 what lands is deleted, once when the attempt closes and again by a sweep until its URLs
+have expired (``discard_unfinished``, ``sweep_late_uploads``), so no stray object bills
+storage for ever and no unfinished multipart upload keeps its parts.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import IntegrityError, transaction
 
-from jobs.models import Attempt, Checkpoint, CheckpointState
-from nomadgpu.storage import ObjectStore, object_store
+from jobs.models import Attempt, AttemptState, Checkpoint, CheckpointState
+from nomadgpu.storage import PRESIGN_TTL_S, ObjectStore, StorageError, object_store
+
+logger = logging.getLogger(__name__)
 
 MANIFEST_VERSION = 1
 SINGLE_PUT_LIMIT = 64 * 1024 * 1024  # above this, multipart (part size: ``part_size_for``)
@@ -24,6 +34,9 @@ SINGLE_PUT_LIMIT = 64 * 1024 * 1024  # above this, multipart (part size: ``part_
 PART_SIZE = 16 * 1024 * 1024
 MAX_PARTS = 10_000
 MAX_PART_SIZE = 5 * 1024**3  # S3's limit; R2 and MinIO have the same
+# How long after an attempt ends the sweep still looks for late writes: its URLs' lifetime,
+# and a margin for a PUT begun just before they expired.
+LATE_WRITE_WINDOW = timedelta(seconds=PRESIGN_TTL_S + 15 * 60)
 
 
 class CheckpointRefused(Exception):
@@ -159,3 +172,74 @@ def prune_old(job_id: int, *, keep_last: int) -> list[str]:
     store.delete_keys(keys)
     Checkpoint.objects.filter(pk__in=[c.pk for c in stale]).update(state=CheckpointState.PRUNED)
     return keys
+
+
+# --- Writes that come too late ---------------------------------------------------------------
+
+
+def late_write_refusal(key: str) -> str | None:
+    """Why a signed PUT to KEY must not land now, or None. A checkpoint's object may be written
+    only while the checkpoint is uploading and its attempt is live: a fenced agent's upload, or
+    one more PUT over an object a manifest already vouches for, is refused. A key that is no
+    checkpoint's is left to the signature alone."""
+    row = Checkpoint.objects.filter(key=key).values_list("state", "attempt__state").first()
+    if row is None:
+        return None
+    state, attempt_state = row
+    if attempt_state == AttemptState.ENDED:
+        return "the attempt this upload belongs to has ended: its agent was fenced"
+    if state != CheckpointState.UPLOADING:
+        return f"this checkpoint is {state}: its object can no longer be written"
+    return None
+
+
+def discard_unfinished(attempt_id: int) -> list[str]:
+    """Give up an ended attempt's uploads, which can never complete: each uploading one is
+    marked failed, and for it and every failed one the multipart upload is aborted and whatever
+    landed at its key deleted. Returns the keys deleted. Safe to repeat (the sweep does)."""
+    attempt = Attempt.objects.select_related("job__team").filter(pk=attempt_id).first()
+    if attempt is None or attempt.state != AttemptState.ENDED:
+        return []
+    unfinished = list(
+        Checkpoint.objects.filter(
+            attempt=attempt, state__in=[CheckpointState.UPLOADING, CheckpointState.FAILED]
+        )
+    )
+    if not unfinished:
+        return []
+    store = object_store(attempt.job.team)
+    for checkpoint in unfinished:
+        if checkpoint.upload_id:
+            try:
+                store.abort_multipart(checkpoint.key, checkpoint.upload_id)
+            except Exception as exc:  # already aborted or completed: nothing left to keep
+                logger.info("abort of %s's upload: %s", checkpoint.key, exc)
+    keys = [c.key for c in unfinished]
+    store.delete_keys(keys)
+    Checkpoint.objects.filter(
+        pk__in=[c.pk for c in unfinished], state=CheckpointState.UPLOADING
+    ).update(state=CheckpointState.FAILED)
+    return keys
+
+
+def sweep_late_uploads(*, now: datetime) -> int:
+    """``discard_unfinished`` for every attempt that ended within ``LATE_WRITE_WINDOW`` and
+    left an upload unfinished (an S3 PUT may land any time its URL is valid); returns how many
+    attempts it went over."""
+    attempt_ids = (
+        Checkpoint.objects.filter(
+            state__in=[CheckpointState.UPLOADING, CheckpointState.FAILED],
+            attempt__state=AttemptState.ENDED,
+            attempt__ended_at__gte=now - LATE_WRITE_WINDOW,
+        )
+        .values_list("attempt_id", flat=True)
+        .distinct()
+    )
+    swept = 0
+    for attempt_id in attempt_ids:
+        try:
+            discard_unfinished(attempt_id)
+        except StorageError:  # storage down: the next sweep tries again
+            logger.exception("discarding the late uploads of attempt %s failed", attempt_id)
+        swept += 1
+    return swept

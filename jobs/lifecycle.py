@@ -44,6 +44,7 @@ from jobs.models import (
     Attempt,
     AttemptState,
     Checkpoint,
+    CheckpointState,
     Interruption,
     Job,
     JobEvent,
@@ -74,6 +75,7 @@ ALLOWED_FROM: dict[str, frozenset[str]] = {
 OUTBID = "outbid"  # the loss cause of an interruptible instance paused by a higher bid
 RENT_TASK = "jobs.tasks.rent_attempt"
 DESTROY_TASK = "jobs.tasks.destroy_instance"
+DISCARD_UPLOADS_TASK = "jobs.tasks.discard_unfinished_uploads"
 
 
 class IllegalTransition(Exception):
@@ -292,6 +294,8 @@ def close_attempt(attempt_id: int, *, reason: str, now: datetime, states=None) -
     attempt = Attempt.objects.select_related("job").get(pk=attempt_id)
     if attempt.instance_id is not None:
         enqueue(DESTROY_TASK, attempt.job.team_id, attempt.instance_id)
+    if Checkpoint.objects.filter(attempt_id=attempt_id, state=CheckpointState.UPLOADING).exists():
+        enqueue(DISCARD_UPLOADS_TASK, attempt_id)  # they can never complete now
     return attempt
 
 

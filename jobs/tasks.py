@@ -14,7 +14,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from hosts.vast import VastClient
-from jobs import lifecycle, renting, watchdog
+from jobs import checkpoints, lifecycle, renting, watchdog
 from nomadgpu.models import Team
 
 logger = logging.getLogger(__name__)
@@ -53,3 +53,15 @@ def destroy_instance(team_id: int, instance_id: int) -> bool:
         gone_already = not client.destroy_instance(instance_id)
     logger.info("destroyed instance %s%s", instance_id, " (already gone)" if gone_already else "")
     return True
+
+
+@shared_task(ignore_result=True, autoretry_for=(Exception,), retry_backoff=5, max_retries=5)
+def discard_unfinished_uploads(attempt_id: int) -> int:
+    """An attempt closed with uploads in flight: give them up (``discard_unfinished``)."""
+    return len(checkpoints.discard_unfinished(attempt_id))
+
+
+@shared_task(ignore_result=True)
+def sweep_late_uploads() -> int:
+    """What a fenced agent's still-valid URLs let land on S3 after its attempt closed."""
+    return checkpoints.sweep_late_uploads(now=timezone.now())

@@ -280,6 +280,8 @@ CELERY_BEAT_SCHEDULE = {
     # Retries and anything a lost nudge left behind; each event also nudges it on commit.
     "notify-deliver-due": every("notify.tasks.deliver_due", NOTIFY_INTERVAL_S),
     "billing-sync-invoices": every("billing.tasks.sync_invoices", INVOICE_SYNC_INTERVAL_S),
+    # What a fenced agent's still-valid S3 URLs let land after its attempt ended: deleted.
+    "late-uploads-sweep": every("jobs.tasks.sweep_late_uploads", 600.0),
 }
 
 # --- Provider: Vast.ai or the sandbox marketplace -----------------------------------------

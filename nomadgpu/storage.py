@@ -14,7 +14,7 @@ import hashlib
 import hmac
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -35,6 +35,36 @@ class ObjectInfo:
 
 class StorageError(Exception):
     """Storage refused or failed; the message says which object and why."""
+
+
+class WriteRefused(StorageError):
+    """A correctly signed write that may no longer land (its uploader was fenced)."""
+
+
+# Whether a signed write to a key may still land: None, or why not. The signature only says
+# the server handed out the URL; the jobs app knows whether the attempt it was handed to is
+# still live (``jobs.checkpoints.late_write_refusal``, installed by ``jobs.apps``). Only the
+# local backend can ask: an S3 service takes any validly signed PUT until the URL expires, so
+# there the jobs app deletes what lands late instead (``jobs.checkpoints.discard_unfinished``).
+WriteGuard = Callable[[str], str | None]
+
+
+def _no_guard(key: str) -> str | None:
+    return None
+
+
+_write_guard: WriteGuard = _no_guard
+
+
+def install_write_guard(guard: WriteGuard) -> None:
+    """Make GUARD the judge of whether a signed local write may still land."""
+    global _write_guard
+    _write_guard = guard
+
+
+def write_refusal(key: str) -> str | None:
+    """Why a signed write to KEY must not land now, or None (the installed guard's answer)."""
+    return _write_guard(key)
 
 
 class ObjectStore(Protocol):
@@ -224,12 +254,18 @@ class LocalObjectStore:
         return self._url("PUT", key, ttl_s, uploadId=upload_id, partNumber=str(part_number))
 
     def write_part(
-        self, key: str, upload_id: str, part_number: int, chunks: Iterator[bytes]
+        self,
+        key: str,
+        upload_id: str,
+        part_number: int,
+        chunks: Iterator[bytes],
+        *,
+        accept: Callable[[], str | None] | None = None,
     ) -> str:
         parts_dir = self._parts_dir(key, upload_id)
         if not parts_dir.is_dir():
             raise StorageError(f"no multipart upload {upload_id} for {key}")
-        return self._write(parts_dir / f"{part_number:05d}", chunks)
+        return self._write(parts_dir / f"{part_number:05d}", chunks, accept)
 
     def complete_multipart(self, key: str, upload_id: str, parts: list[tuple[int, str]]) -> None:
         parts_dir = self._parts_dir(key, upload_id)
@@ -249,12 +285,22 @@ class LocalObjectStore:
     def abort_multipart(self, key: str, upload_id: str) -> None:
         shutil.rmtree(self._parts_dir(key, upload_id), ignore_errors=True)
 
-    def write_object(self, key: str, chunks: Iterator[bytes]) -> str:
+    def write_object(
+        self,
+        key: str,
+        chunks: Iterator[bytes],
+        *,
+        accept: Callable[[], str | None] | None = None,
+    ) -> str:
+        """Store CHUNKS at KEY. ACCEPT, when given, is asked once the body is in, just before
+        the object appears: a reason from it discards the body (``WriteRefused``)."""
         target = self.path_for(key)
         target.parent.mkdir(parents=True, exist_ok=True)
-        return self._write(target, chunks)
+        return self._write(target, chunks, accept)
 
-    def _write(self, target: Path, chunks: Iterator[bytes]) -> str:
+    def _write(
+        self, target: Path, chunks: Iterator[bytes], accept: Callable[[], str | None] | None
+    ) -> str:
         # Write aside and rename, so a reader never sees half an object.
         tmp = target.with_name(target.name + ".partial")
         digest = hashlib.md5(usedforsecurity=False)
@@ -262,6 +308,12 @@ class LocalObjectStore:
             for chunk in chunks:
                 digest.update(chunk)
                 out.write(chunk)
+        # Asked again after the body: an upload begun while its attempt was live can end long
+        # after (a host frozen mid-PUT), and must not land once the attempt is over.
+        problem = accept() if accept is not None else None
+        if problem:
+            tmp.unlink(missing_ok=True)
+            raise WriteRefused(problem)
         tmp.replace(target)
         return digest.hexdigest()
 

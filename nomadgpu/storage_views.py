@@ -2,18 +2,27 @@
 
 Only used with ``STORAGE_BACKEND=local`` (the embedded default). Requests must carry a URL the
 server signed (``nomadgpu.storage.LocalObjectStore``); bodies stream to and from disk, never
-whole in memory.
+whole in memory. A PUT the installed write guard refuses (its attempt has ended, its checkpoint
+is already complete) gets 410 Gone, before the body and again after it, and nothing lands.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 
 from django.conf import settings
 from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from nomadgpu.storage import READ_CHUNK, LocalObjectStore, StorageError, verify_local_signature
+from nomadgpu.storage import (
+    READ_CHUNK,
+    LocalObjectStore,
+    StorageError,
+    WriteRefused,
+    verify_local_signature,
+    write_refusal,
+)
 
 
 def _store() -> LocalObjectStore:
@@ -45,13 +54,18 @@ def local_object(request: HttpRequest, key: str) -> HttpResponse:
     if problem:
         return _refuse(403, problem)
     store = _store()
+    if method == "PUT" and (late := write_refusal(key)):
+        return _refuse(410, late)
     try:
         if method == "GET":
             return FileResponse(store.open_read(key), content_type="application/octet-stream")
+        body, accept = _body_chunks(request), partial(write_refusal, key)
         if upload_id:
-            etag = store.write_part(key, upload_id, int(part_number), _body_chunks(request))
+            etag = store.write_part(key, upload_id, int(part_number), body, accept=accept)
         else:
-            etag = store.write_object(key, _body_chunks(request))
+            etag = store.write_object(key, body, accept=accept)
+    except WriteRefused as exc:
+        return _refuse(410, str(exc))
     except StorageError as exc:
         return _refuse(404 if method == "GET" else 400, str(exc))
     response = HttpResponse(status=200)

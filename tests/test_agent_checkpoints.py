@@ -206,8 +206,9 @@ def test_a_failed_single_put_is_retried_with_the_same_bytes(tmp_path, monkeypatc
     assert done.sha256 == hashlib.sha256(storage.bodies[-1]).hexdigest()
 
 
-def test_an_expired_url_is_not_retried_but_reported(tmp_path):
-    storage = FlakyStorage(403)
+@pytest.mark.parametrize("status", [403, 410])  # expired; refused for an ended attempt
+def test_an_expired_url_is_not_retried_but_reported(tmp_path, status):
+    storage = FlakyStorage(status)
     with pytest.raises(ck.StorageError) as caught:
         upload(tmp_path, storage, {"kind": "single", "url": "http://s3/x", "headers": {}})
     assert caught.value.expired

@@ -20,6 +20,7 @@ def store(request, settings, tmp_path):
         bucket = request.getfixturevalue("s3_bucket")
         return S3ObjectStore(**bucket)
     live_server = request.getfixturevalue("live_server")
+    request.getfixturevalue("transactional_db")  # the view asks whether the write may land
     settings.STORAGE_BACKEND = "local"
     settings.STORAGE_LOCAL_DIR = tmp_path / "objects"
     settings.SITE_URL = live_server.url
