@@ -110,7 +110,9 @@ def register_agent(
     ages = {"deps_ready": 0.0, **(phases or {})}
     ages.setdefault("container_started", ages["deps_ready"])
     Attempt.objects.filter(pk=attempt.pk, state__in=ON_HOST_STATES).update(
-        registered_at=now,
+        # The first registration is when the GPU's billing began (billing.spend): an agent
+        # restarted in the same container must not move it.
+        registered_at=Coalesce(F("registered_at"), Value(now, output_field=DateTimeField())),
         last_heartbeat_at=now,
         heartbeat_deadline=heartbeat_deadline(attempt, now),
         resumed_from_step=resume["step"] if resume else 0,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import timedelta
 
 import httpx
 import pytest
@@ -78,6 +79,21 @@ def test_register_tells_the_agent_what_to_run(client):
     attempt.refresh_from_db()
     assert attempt.registered_at is not None
     assert attempt.heartbeat_deadline > attempt.registered_at
+
+
+def test_an_agent_restarted_in_the_same_container_keeps_the_first_registration(client):
+    # billing.spend prices the GPU from registered_at: a second register must not move it.
+    attempt, token = make_attempt(state="running")
+    call(client, token, "register", {"agent_version": "0.1"})
+    attempt.refresh_from_db()
+    first = attempt.registered_at
+    Attempt.objects.filter(pk=attempt.pk).update(registered_at=first - timedelta(hours=2))
+
+    assert call(client, token, "register", {"agent_version": "0.1"}).status_code == 200
+
+    attempt.refresh_from_db()
+    assert attempt.registered_at == first - timedelta(hours=2)
+    assert attempt.last_heartbeat_at > attempt.registered_at  # the beat clock does restart
 
 
 @pytest.mark.parametrize(
