@@ -133,12 +133,12 @@ def test_a_part_upload_interrupted_midway_is_retried_and_completes(
     original = LocalObjectStore.write_part
     calls = []
 
-    def drop_the_first_part_midway(self, key, upload_id, part_number, chunks):
+    def drop_the_first_part_midway(self, key, upload_id, part_number, chunks, **guard):
         calls.append(part_number)
         if len(calls) == 1:
             next(chunks)  # half a body arrived, then the connection "dropped"
             raise ConnectionResetError("simulated network drop during a part upload")
-        return original(self, key, upload_id, part_number, chunks)
+        return original(self, key, upload_id, part_number, chunks, **guard)
 
     monkeypatch.setattr(LocalObjectStore, "write_part", drop_the_first_part_midway)
     job = toy_job(env={**FAST, "TOY_STEPS": "20", "TOY_WEIGHTS_KB": "200"})
