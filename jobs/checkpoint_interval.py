@@ -20,8 +20,9 @@ work per interruption (half an interval on average). The interval minimises the 
   interval of a real one ends with the job's own end, which needs no checkpoint. The R seconds
   of training between the newest ready checkpoint and the end are split into n equal
   intervals, n minimising (n - 1)·δ + R²/(2·n·MTBF) (checkpoints paid against half an interval
-  redone per failure, to first order as Young's own derivation); n = 1 asks for none. Without
-  a step count and speed from the heartbeat, the plain interval is used.
+  redone per failure, to first order as Young's own derivation); n = 1 asks for none (only for
+  a rest of at most ``MAX_INTERVAL_S``: the clamp holds). Without a step count and speed from
+  the heartbeat, the plain interval is used.
 - The interval is clamped: at least ``MIN_INTERVAL_S`` and ``MIN_HEARTBEATS`` heartbeats (a
   request travels on a heartbeat's answer), at most ``MAX_INTERVAL_S``.
 
@@ -176,12 +177,14 @@ def choose_interval(
     pieces = None
     if remaining_s is not None and remaining_s > 0:
         pieces = split_remaining(remaining_s, delta_s=delta_s, mtbf_s=mtbf_s)
-        left = _hours(remaining_s)
+        # The upper clamp holds here too: a long job on a sound host still saves every 6 h.
+        pieces = max(pieces, math.ceil(remaining_s / MAX_INTERVAL_S))
+        left = f"{_hours(remaining_s)} from the last checkpoint to the end"
         if pieces == 1:
-            why += f"; {left} of training left: no checkpoint pays before the end"
+            why += f"; {left}: no checkpoint pays before the end"
             return IntervalChoice(math.inf, rate_per_h, mtbf_s, delta_s, why, remaining_s, 1)
         raw = remaining_s / pieces
-        why += f"; the {left} left split in {pieces}"
+        why += f"; the {left} split in {pieces}"
     interval = min(max(raw, shortest_interval_s(heartbeat_s)), MAX_INTERVAL_S)
     if interval != raw:
         why += f"; clamped from {_hours(raw)}"

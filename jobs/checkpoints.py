@@ -20,10 +20,11 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from jobs.models import Attempt, AttemptState, Checkpoint, CheckpointState
-from nomadgpu.storage import PRESIGN_TTL_S, ObjectStore, StorageError, object_store
+from nomadgpu.storage import PRESIGN_TTL_S, ObjectStore, object_store
 
 logger = logging.getLogger(__name__)
 
@@ -34,9 +35,7 @@ SINGLE_PUT_LIMIT = 64 * 1024 * 1024  # above this, multipart (part size: ``part_
 PART_SIZE = 16 * 1024 * 1024
 MAX_PARTS = 10_000
 MAX_PART_SIZE = 5 * 1024**3  # S3's limit; R2 and MinIO have the same
-# How long after an attempt ends the sweep still looks for late writes: its URLs' lifetime,
-# and a margin for a PUT begun just before they expired.
-LATE_WRITE_WINDOW = timedelta(seconds=PRESIGN_TTL_S + 15 * 60)
+LATE_WRITE_MARGIN_S = 5 * 60  # a PUT begun just before its URL expired (``late_write_window``)
 
 
 class CheckpointRefused(Exception):
@@ -150,9 +149,18 @@ def complete_upload(
         "created_at": now.isoformat(),
     }
     store.put_bytes(manifest_key(checkpoint), json.dumps(manifest).encode(), only_if_absent=True)
-    Checkpoint.objects.filter(pk=checkpoint.pk, state=CheckpointState.UPLOADING).update(
-        state=CheckpointState.READY, sha256=sha256, ready_at=now
-    )
+    made_ready = Checkpoint.objects.filter(
+        pk=checkpoint.pk, state=CheckpointState.UPLOADING
+    ).update(state=CheckpointState.READY, sha256=sha256, ready_at=now)
+    if not made_ready:
+        # The attempt closed while this complete ran and its uploads were given up
+        # (``discard_unfinished``): this checkpoint is not the job's to resume from.
+        store.delete_keys([manifest_key(checkpoint)])
+        checkpoint.refresh_from_db()
+        raise CheckpointRefused(
+            f"checkpoint for step {checkpoint.step} is {checkpoint.state}: "
+            "its attempt ended before it completed"
+        )
     checkpoint.refresh_from_db()
     return checkpoint
 
@@ -182,7 +190,9 @@ def late_write_refusal(key: str) -> str | None:
     only while the checkpoint is uploading and its attempt is live: a fenced agent's upload, or
     one more PUT over an object a manifest already vouches for, is refused. A key that is no
     checkpoint's is left to the signature alone."""
-    row = Checkpoint.objects.filter(key=key).values_list("state", "attempt__state").first()
+    row = (
+        Checkpoint.objects.filter(key=key).order_by().values_list("state", "attempt__state").first()
+    )
     if row is None:
         return None
     state, attempt_state = row
@@ -195,43 +205,55 @@ def late_write_refusal(key: str) -> str | None:
 
 def discard_unfinished(attempt_id: int) -> list[str]:
     """Give up an ended attempt's uploads, which can never complete: each uploading one is
-    marked failed, and for it and every failed one the multipart upload is aborted and whatever
-    landed at its key deleted. Returns the keys deleted. Safe to repeat (the sweep does)."""
+    marked failed, then for every failed one the multipart upload is aborted and whatever
+    landed at its key (and a manifest beside it) deleted. Returns the keys deleted. Safe to
+    repeat (the sweep does).
+
+    Marking comes first, guarded: an agent's complete that passed its token check before the
+    close may still be finishing, and exactly one of the two moves a row out of uploading. The
+    complete that loses is refused (``complete_upload``); the one that wins keeps its row
+    ready, and a ready row's object is never touched here."""
     attempt = Attempt.objects.select_related("job__team").filter(pk=attempt_id).first()
     if attempt is None or attempt.state != AttemptState.ENDED:
         return []
-    unfinished = list(
-        Checkpoint.objects.filter(
-            attempt=attempt, state__in=[CheckpointState.UPLOADING, CheckpointState.FAILED]
-        )
+    Checkpoint.objects.filter(attempt=attempt, state=CheckpointState.UPLOADING).update(
+        state=CheckpointState.FAILED
     )
-    if not unfinished:
+    failed = list(Checkpoint.objects.filter(attempt=attempt, state=CheckpointState.FAILED))
+    if not failed:
         return []
     store = object_store(attempt.job.team)
-    for checkpoint in unfinished:
+    for checkpoint in failed:
         if checkpoint.upload_id:
             try:
                 store.abort_multipart(checkpoint.key, checkpoint.upload_id)
-            except Exception as exc:  # already aborted or completed: nothing left to keep
-                logger.info("abort of %s's upload: %s", checkpoint.key, exc)
-    keys = [c.key for c in unfinished]
+            except Exception as exc:  # aborted before, or storage unreachable: the row stays
+                logger.info("abort of %s's upload: %s", checkpoint.key, exc)  # failed, retried
+    keys = [key for c in failed for key in (c.key, manifest_key(c))]
     store.delete_keys(keys)
-    Checkpoint.objects.filter(
-        pk__in=[c.pk for c in unfinished], state=CheckpointState.UPLOADING
-    ).update(state=CheckpointState.FAILED)
     return keys
 
 
+def late_write_window() -> timedelta:
+    """How long after an attempt ends the sweep still looks for its late writes: its URLs'
+    lifetime, one sweep interval (the last sweep inside may come that early) and a margin for a
+    PUT begun just before the URL expired."""
+    return timedelta(
+        seconds=PRESIGN_TTL_S + settings.LATE_UPLOAD_SWEEP_INTERVAL_S + LATE_WRITE_MARGIN_S
+    )
+
+
 def sweep_late_uploads(*, now: datetime) -> int:
-    """``discard_unfinished`` for every attempt that ended within ``LATE_WRITE_WINDOW`` and
+    """``discard_unfinished`` for every attempt that ended within ``late_write_window`` and
     left an upload unfinished (an S3 PUT may land any time its URL is valid); returns how many
-    attempts it went over."""
+    attempts it went over. One attempt's broken storage does not stop the others."""
     attempt_ids = (
         Checkpoint.objects.filter(
             state__in=[CheckpointState.UPLOADING, CheckpointState.FAILED],
             attempt__state=AttemptState.ENDED,
-            attempt__ended_at__gte=now - LATE_WRITE_WINDOW,
+            attempt__ended_at__gte=now - late_write_window(),
         )
+        .order_by()  # the default ordering's columns would make DISTINCT per checkpoint
         .values_list("attempt_id", flat=True)
         .distinct()
     )
@@ -239,7 +261,7 @@ def sweep_late_uploads(*, now: datetime) -> int:
     for attempt_id in attempt_ids:
         try:
             discard_unfinished(attempt_id)
-        except StorageError:  # storage down: the next sweep tries again
+        except Exception:  # storage down or misconfigured: the next sweep tries again
             logger.exception("discarding the late uploads of attempt %s failed", attempt_id)
         swept += 1
     return swept

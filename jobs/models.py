@@ -336,7 +336,7 @@ class Checkpoint(models.Model):
     state = models.CharField(
         max_length=10, choices=CheckpointState.choices, default=CheckpointState.UPLOADING
     )
-    key = models.CharField(max_length=400)
+    key = models.CharField(max_length=400, db_index=True)  # the local store's write guard
     size = models.PositiveBigIntegerField()
     sha256 = models.CharField(max_length=64, blank=True)
     encrypted = models.BooleanField(default=False)

@@ -273,6 +273,9 @@ def every(task: str, interval_s: float) -> dict:
     }
 
 
+# Not a tunable: how often the beat deletes late S3 writes of ended attempts (jobs.checkpoints).
+LATE_UPLOAD_SWEEP_INTERVAL_S = 600.0
+
 CELERY_BEAT_SCHEDULE = {
     "watchdog-tick": every("jobs.tasks.watchdog_tick", WATCHDOG_INTERVAL_S),
     # Spending limits, at the watchdog's cadence (and once when a worker starts).
@@ -281,7 +284,7 @@ CELERY_BEAT_SCHEDULE = {
     "notify-deliver-due": every("notify.tasks.deliver_due", NOTIFY_INTERVAL_S),
     "billing-sync-invoices": every("billing.tasks.sync_invoices", INVOICE_SYNC_INTERVAL_S),
     # What a fenced agent's still-valid S3 URLs let land after its attempt ended: deleted.
-    "late-uploads-sweep": every("jobs.tasks.sweep_late_uploads", 600.0),
+    "late-uploads-sweep": every("jobs.tasks.sweep_late_uploads", LATE_UPLOAD_SWEEP_INTERVAL_S),
 }
 
 # --- Provider: Vast.ai or the sandbox marketplace -----------------------------------------

@@ -257,7 +257,7 @@ def test_a_new_host_prices_the_newest_checkpoint_at_its_own_uplink_not_the_old_h
     first = running(profile={**AUTO, "checkpoint_gb": 5.0})
     ready_checkpoint(first, step=100, created=START, upload_s=300.0)  # a slow old uplink
     Checkpoint.objects.filter(attempt=first).update(size=2 * 2**30)
-    Attempt.objects.filter(pk=first.pk).update(state="lost")
+    Attempt.objects.filter(pk=first.pk).update(state="ended")
     second, _ = make_attempt(
         first.job,
         number=2,
@@ -299,10 +299,25 @@ def test_the_rest_of_a_long_run_is_split_evenly():
 
 
 def test_a_job_about_to_finish_is_not_asked_and_its_page_says_why(member_client, cast):
-    attempt = running(cast.team_a, step=280, total_steps=300)  # 80 s of training left
+    # A bid at min_bid (λ ≈ 0.52/h by the prior), δ 20 s: from step 0 the 300 steps of 4 s
+    # would be split in two, but from its checkpoint at step 280 the 80 s left are not worth one.
+    attempt = running(cast.team_a, bid_margin=0.0, step=285, total_steps=300)
+    Attempt.objects.filter(pk=attempt.pk).update(rental="interruptible")
+    attempt.refresh_from_db()
+    rates = renting.preemption_rates(attempt.job.team_id, now=START)
+    whole = ci.choose_interval(
+        rate_per_h=rates.rate("interruptible", "RTX 4090", 0.0)[0],
+        rate_source="prior",
+        delta_s=20.0,  # what its checkpoint's upload took
+        delta_source="measured",
+        heartbeat_s=15,
+        remaining_s=1200,
+    )
+    assert whole.intervals_left == 2  # so the test below is about the rest, not the job
+    ready_checkpoint(attempt, step=280, created=START + timedelta(seconds=1100))
 
     assert auto_checkpoint.ask_due_checkpoints(START + timedelta(hours=6)) == 0
     assert asked(attempt) == []
     html = member_client.get(reverse("job-detail", args=[attempt.job_id])).content.decode()
     assert "Checkpoints: none before the end" in html
-    assert "no checkpoint pays before the end" in html
+    assert "1 min from the last checkpoint to the end: no checkpoint pays" in html

@@ -157,7 +157,21 @@ def test_the_interval_spreads_the_rest_of_the_job_evenly():
 
     # τ = 379 s: 1200 s is 3.16 of them, and three intervals of 400 s cost less than four.
     assert (choice.intervals_left, choice.interval_s) == (3, 400)
-    assert "the 20 min left split in 3" in choice.why
+    assert "the 20 min from the last checkpoint to the end split in 3" in choice.why
+
+
+def test_a_long_rest_on_a_sound_host_still_saves_every_six_hours():
+    # MTBF 1000 h, δ 60 s: τ ≈ 18.6 h, so 8.5 h would be one piece; the 6 h clamp makes two.
+    choice = ci.choose_interval(
+        rate_per_h=0.001,
+        rate_source="machine",
+        delta_s=60,
+        delta_source="measured",
+        heartbeat_s=15,
+        remaining_s=8.5 * 3600,
+    )
+
+    assert (choice.intervals_left, choice.interval_s) == (2, 8.5 * 3600 / 2)
 
 
 def test_no_checkpoint_is_asked_when_none_pays_before_the_end():

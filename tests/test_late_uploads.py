@@ -14,7 +14,7 @@ from django.utils import timezone
 from jobs import checkpoints, lifecycle
 from jobs.models import Attempt, Checkpoint
 from nomadgpu.storage import LocalObjectStore, S3ObjectStore
-from tests.factories import JobFactory, make_attempt
+from tests.factories import JobFactory, TeamFactory, make_attempt
 from tests.processes import wait_until
 
 KIB = 1024
@@ -178,7 +178,8 @@ def test_closing_an_attempt_gives_up_its_uploads_and_deletes_what_landed(
 
     deleted = checkpoints.discard_unfinished(attempt.pk)
 
-    assert sorted(deleted) == sorted([landed.key, parted.key])
+    manifests = [checkpoints.manifest_key(c) for c in (landed, parted)]
+    assert sorted(deleted) == sorted([landed.key, parted.key, *manifests])
     assert s3.head(landed.key) is None
     assert multipart_uploads(s3) == []
     assert s3.head(ready.key).size == KIB  # the job resumes from this one
@@ -207,7 +208,7 @@ def test_the_sweep_leaves_attempts_whose_urls_have_long_expired(s3):
     attempt = live_attempt()
     uploading(attempt, 50)
     close(attempt)
-    long_ago = timezone.now() - checkpoints.LATE_WRITE_WINDOW - timedelta(minutes=1)
+    long_ago = timezone.now() - checkpoints.late_write_window() - timedelta(minutes=1)
     Attempt.objects.filter(pk=attempt.pk).update(ended_at=long_ago)
 
     assert checkpoints.sweep_late_uploads(now=timezone.now()) == 0
@@ -222,3 +223,56 @@ def test_a_live_attempts_uploads_are_never_discarded(s3):
     assert checkpoints.discard_unfinished(attempt.pk) == []
     assert checkpoints.sweep_late_uploads(now=timezone.now()) == 0
     assert s3.head(checkpoint.key) is not None
+
+
+@pytest.mark.django_db
+def test_a_complete_that_loses_the_race_with_the_close_is_refused_and_leaves_no_manifest(s3):
+    # The agent's complete passed its token check just before the close; the discard then
+    # gave the upload up while the complete was verifying the object.
+    attempt = live_attempt()
+    checkpoint = uploading(attempt, 50, size=KIB)
+    s3.put_bytes(checkpoint.key, b"w" * KIB)
+    Checkpoint.objects.filter(pk=checkpoint.pk).update(state="failed")  # the discard's first step
+
+    with pytest.raises(checkpoints.CheckpointRefused, match="ended before it completed"):
+        checkpoints.complete_upload(
+            checkpoint, size=KIB, sha256="0" * 64, parts=[], now=timezone.now()
+        )
+
+    assert s3.head(checkpoints.manifest_key(checkpoint)) is None
+    checkpoint.refresh_from_db()
+    assert checkpoint.state == "failed"
+
+
+@pytest.mark.django_db
+def test_a_ready_checkpoint_of_a_closed_attempt_keeps_its_object_and_manifest(s3):
+    attempt = live_attempt()
+    checkpoint = uploading(attempt, 50, size=KIB)
+    s3.put_bytes(checkpoint.key, b"w" * KIB)
+    checkpoints.complete_upload(checkpoint, size=KIB, sha256="a" * 64, parts=[], now=timezone.now())
+    close(attempt)
+
+    assert checkpoints.discard_unfinished(attempt.pk) == []
+    assert s3.head(checkpoint.key) is not None
+    assert s3.head(checkpoints.manifest_key(checkpoint)) is not None
+
+
+@pytest.mark.django_db
+def test_the_sweep_goes_over_each_attempt_once_and_past_a_broken_bucket(s3):
+    broken_team = TeamFactory(
+        storage_bucket="no-such-bucket",
+        storage_endpoint_url=s3.client.meta.endpoint_url,
+        storage_access_key_id="testing",
+        storage_secret_access_key="testing",
+    )
+    broken = live_attempt(team=broken_team)
+    uploading(broken, 25)
+    sound = live_attempt()
+    for step in (25, 50):  # two unfinished uploads, one attempt
+        s3.put_bytes(uploading(sound, step).key, b"w" * KIB)
+    close(broken)
+    close(sound)
+
+    assert checkpoints.sweep_late_uploads(now=timezone.now()) == 2
+
+    assert s3.list_keys(sound.storage_prefix) == []

@@ -301,12 +301,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     from transformers import Trainer, TrainingArguments
 
+    from agent import AUTO, checkpoint_mode
     from agent.hf import NomadCallback
 
+    schedule = (
+        "when the supervisor asks"
+        if checkpoint_mode() == AUTO
+        else f"every {args.save_steps} steps"
+    )
     print(
         f"qlora: {'tiny random Qwen2 on the CPU' if args.tiny else args.model}, "
         f"data {'synthetic' if args.tiny else args.dataset}, {args.steps} steps, "
-        f"checkpoint every {args.save_steps} into {args.output_dir}",
+        f"checkpoint {schedule} into {args.output_dir}",
         flush=True,
     )
     if args.resume_from:
