@@ -13,13 +13,16 @@ from jobs import checkpoint_interval as ci
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
 
-def choose(rate_per_h: float, delta_s: float, heartbeat_s: float = 15.0) -> ci.IntervalChoice:
+def choose(
+    rate_per_h: float, delta_s: float, heartbeat_s: float = 15.0, remaining_s: float | None = None
+) -> ci.IntervalChoice:
     return ci.choose_interval(
         rate_per_h=rate_per_h,
         rate_source="prior",
         delta_s=delta_s,
         delta_source="measured",
         heartbeat_s=heartbeat_s,
+        remaining_s=remaining_s,
     )
 
 
@@ -146,14 +149,7 @@ def test_a_host_that_never_fails_needs_no_checkpoint_before_the_end():
 
 
 def test_the_interval_spreads_the_rest_of_the_job_evenly():
-    choice = ci.choose_interval(
-        rate_per_h=1.0,
-        rate_source="prior",
-        delta_s=20,
-        delta_source="measured",
-        heartbeat_s=15,
-        remaining_s=1200,
-    )
+    choice = choose(rate_per_h=1.0, delta_s=20, remaining_s=1200)
 
     # τ = 379 s: 1200 s is 3.16 of them, and three intervals of 400 s cost less than four.
     assert (choice.intervals_left, choice.interval_s) == (3, 400)
@@ -162,27 +158,13 @@ def test_the_interval_spreads_the_rest_of_the_job_evenly():
 
 def test_a_long_rest_on_a_sound_host_still_saves_every_six_hours():
     # MTBF 1000 h, δ 60 s: τ ≈ 18.6 h, so 8.5 h would be one piece; the 6 h clamp makes two.
-    choice = ci.choose_interval(
-        rate_per_h=0.001,
-        rate_source="machine",
-        delta_s=60,
-        delta_source="measured",
-        heartbeat_s=15,
-        remaining_s=8.5 * 3600,
-    )
+    choice = choose(rate_per_h=0.001, delta_s=60, remaining_s=8.5 * 3600)
 
     assert (choice.intervals_left, choice.interval_s) == (2, 8.5 * 3600 / 2)
 
 
 def test_no_checkpoint_is_asked_when_none_pays_before_the_end():
-    choice = ci.choose_interval(
-        rate_per_h=1.0,
-        rate_source="prior",
-        delta_s=20,
-        delta_source="measured",
-        heartbeat_s=15,
-        remaining_s=240,
-    )
+    choice = choose(rate_per_h=1.0, delta_s=20, remaining_s=240)
 
     assert math.isinf(choice.interval_s)
     assert choice.as_dict()["interval_s"] is None
