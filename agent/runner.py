@@ -104,12 +104,12 @@ def parse_assignment(reply: dict[str, Any]) -> Assignment:
         resume=reply.get("resume") or None,
         data_key=data_key,
         stop_grace_s=float(grace) if grace is not None else None,
-        checkpoint_mode=checkpoint_mode(reply.get("checkpoint")),
+        checkpoint_mode=mode_from_reply(reply.get("checkpoint")),
         raw=reply,
     )
 
 
-def checkpoint_mode(checkpoint: Any) -> str:
+def mode_from_reply(checkpoint: Any) -> str:
     """Register's ``checkpoint.mode``; ``script`` from a server too old to send one (it never
     asks for checkpoints on its own) and for a value this agent does not know."""
     mode = checkpoint.get("mode") if isinstance(checkpoint, dict) else None

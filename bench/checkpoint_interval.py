@@ -300,11 +300,11 @@ def ratio(a: float, b: float) -> float:
 def compare(name: str, yd: Summary, fixed: Summary, goal: float) -> list[str]:
     met = "met" if ratio(yd.overhead_s, fixed.overhead_s) <= goal else "NOT met"
     return [
-        line(
-            f"ckpt/{name} overhead per job (goal ≤{goal:.2f})",
+        overhead_line(
+            f"{name} overhead per job (goal ≤{goal:.2f})",
+            yd,
+            fixed,
             f"{yd.overhead_s:.1f} s ({met})",
-            f"fixed-50 {fixed.overhead_s:.1f} s",
-            ratio(yd.overhead_s, fixed.overhead_s),
         ),
         line(
             f"ckpt/{name} checkpoint stall per job",
@@ -333,6 +333,26 @@ def compare(name: str, yd: Summary, fixed: Summary, goal: float) -> list[str]:
     ]
 
 
+def run_policies(
+    policies, mix: Mix, rates, markets, seed: int, jobs: int, uplink_share=(1.0, 1.0)
+) -> dict[str, Summary]:
+    """JOBS jobs of MIX under each of POLICIES, on the same hosts and failures, summarised."""
+    return {
+        p: summarise([run_job(p, mix, rates, markets, seed, j, uplink_share) for j in range(jobs)])
+        for p in policies
+    }
+
+
+def overhead_line(figure: str, ours: Summary, fixed: Summary, value: str = "") -> str:
+    """One figure: OURS's overhead per job against fixed-50's."""
+    return line(
+        f"ckpt/{figure}",
+        value or f"{ours.overhead_s:.1f} s",
+        f"fixed-50 {fixed.overhead_s:.1f} s",
+        ratio(ours.overhead_s, fixed.overhead_s),
+    )
+
+
 def by_delta(mix: Mix, rates, markets, seed: int, jobs: int) -> list[str]:
     """The flaky mix again, hosts split by upload speed (δ of 1 GB)."""
     lines = []
@@ -340,17 +360,10 @@ def by_delta(mix: Mix, rates, markets, seed: int, jobs: int) -> list[str]:
         speeds = [m for m in markets if low <= CHECKPOINT_MBIT / m + UPLOAD_FIXED_S < high]
         if not speeds:
             continue
-        runs = {p: [run_job(p, mix, rates, speeds, seed, j) for j in range(jobs)] for p in BOTH}
-        yd, fixed = summarise(runs[YOUNG_DALY]), summarise(runs[FIXED])
+        runs = run_policies(BOTH, mix, rates, speeds, seed, jobs)
         band = f"δ {low:.0f}-{high:.0f} s" if math.isfinite(high) else f"δ ≥{low:.0f} s"
-        lines.append(
-            line(
-                f"ckpt/{mix.name} overhead, {band} ({len(speeds)} hosts)",
-                f"{yd.overhead_s:.1f} s",
-                f"fixed-50 {fixed.overhead_s:.1f} s",
-                ratio(yd.overhead_s, fixed.overhead_s),
-            )
-        )
+        figure = f"{mix.name} overhead, {band} ({len(speeds)} hosts)"
+        lines.append(overhead_line(figure, runs[YOUNG_DALY], runs[FIXED]))
     return lines
 
 
@@ -370,31 +383,15 @@ def upload_speeds() -> list[float]:
 def extra_lines(name: str, mix: Mix, rates, markets, seed: int, jobs: int, runs) -> list[str]:
     """Perfect knowledge (the same rule on each host's true δ and MTBF) and, for the flaky mix, the
     same comparison with real uplinks slower than advertised."""
-    fixed, oracle = summarise(runs[FIXED]), summarise(runs[ORACLE])
-    lines = [
-        line(
-            f"ckpt/{name} with perfect knowledge of δ, MTBF",
-            f"{oracle.overhead_s:.1f} s ({oracle.checkpoints:.2f} ckpt)",
-            f"fixed-50 {fixed.overhead_s:.1f} s",
-            ratio(oracle.overhead_s, fixed.overhead_s),
-        )
-    ]
+    oracle = runs[ORACLE]
+    value = f"{oracle.overhead_s:.1f} s ({oracle.checkpoints:.2f} ckpt)"
+    lines = [overhead_line(f"{name} with perfect knowledge of δ, MTBF", oracle, runs[FIXED], value)]
     if mix.kind == ON_DEMAND:
         return lines
     lo, hi = SLOW_UPLINK_SHARE
-    slow = {
-        p: [run_job(p, mix, rates, markets, seed, j, SLOW_UPLINK_SHARE) for j in range(jobs)]
-        for p in BOTH
-    }
-    yd, fixed = summarise(slow[YOUNG_DALY]), summarise(slow[FIXED])
-    lines.append(
-        line(
-            f"ckpt/{name} overhead, uplinks {lo:.0%}-{hi:.0%} of advertised",
-            f"{yd.overhead_s:.1f} s",
-            f"fixed-50 {fixed.overhead_s:.1f} s",
-            ratio(yd.overhead_s, fixed.overhead_s),
-        )
-    )
+    slow = run_policies(BOTH, mix, rates, markets, seed, jobs, SLOW_UPLINK_SHARE)
+    figure = f"{name} overhead, uplinks {lo:.0%}-{hi:.0%} of advertised"
+    lines.append(overhead_line(figure, slow[YOUNG_DALY], slow[FIXED]))
     return lines
 
 
@@ -407,12 +404,8 @@ def main(argv: list[str]) -> None:
     goals = {"flaky": 0.70, "stable": 1.00}
     for name, mix in MIXES.items():
         rates = team_rates(mix, seed)
-        runs = {
-            p: [run_job(p, mix, rates, markets, seed, j) for j in range(jobs[name])]
-            for p in (*BOTH, ORACLE)
-        }
-        yd, fixed = summarise(runs[YOUNG_DALY]), summarise(runs[FIXED])
-        print("\n".join(compare(name, yd, fixed, goals[name])))
+        runs = run_policies((*BOTH, ORACLE), mix, rates, markets, seed, jobs[name])
+        print("\n".join(compare(name, runs[YOUNG_DALY], runs[FIXED], goals[name])))
         print("\n".join(extra_lines(name, mix, rates, markets, seed, jobs[name], runs)))
     flaky = MIXES["flaky"]
     print("\n".join(by_delta(flaky, team_rates(flaky, seed), markets, seed, jobs["flaky"] // 2)))

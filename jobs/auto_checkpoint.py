@@ -174,12 +174,7 @@ def remaining_training_s(attempt: Attempt) -> float | None:
     total = attempt.total_steps or attempt.job.total_steps
     if attempt.step is None or not total or not attempt.seconds_per_step:
         return None
-    newest = (
-        Checkpoint.objects.filter(attempt=attempt, ready_at__isnull=False)
-        .order_by("-step")
-        .values_list("step", flat=True)
-        .first()
-    )
+    newest = Checkpoint.objects.filter(attempt=attempt).newest_ready_step()
     start = newest if newest is not None else attempt.resumed_from_step or 0
     return max(total - start, 0) * attempt.seconds_per_step
 

@@ -124,23 +124,13 @@ def test_the_trainer_saves_a_requested_checkpoint_between_save_steps(
     usr1, one_thread, monkeypatch, tmp_path
 ):
     monkeypatch.setenv("NOMAD_PROGRESS_FILE", str(tmp_path / "progress.json"))
-    qlora = load_train_module()
-    options = qlora.parse_args([*TINY_FLAGS, "--steps", "5", "--save-steps", "100"])
-    model, data, enc = qlora.tiny_model_and_data(options)
     out = tmp_path / "out"
-    args = TrainingArguments(
-        output_dir=str(out), max_steps=5, save_steps=100, per_device_train_batch_size=2,
-        logging_steps=1, use_cpu=True, report_to="none", disable_tqdm=True,
-        remove_unused_columns=False,
-    )  # fmt: skip
-    trainer = Trainer(
-        model=model,
-        args=args,
-        train_dataset=data,
-        data_collator=qlora.PadCollator(enc.pad_id),
+    train_tiny(
+        out,
+        max_steps=5,
+        save_steps=100,
         callbacks=[RequestCheckpointDuring(2, usr1), NomadCallback()],
     )
-    trainer.train()
 
     # Step 2 on request, step 5 because training ended; nothing else (save_steps is 100).
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2", "checkpoint-5"]
