@@ -17,6 +17,7 @@ import shutil
 import tarfile
 import threading
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -106,6 +107,66 @@ def find_ready(
         except ValueError:
             on_bad_marker(marker, text)
     return sorted(found, key=lambda ready: (ready.step, ready.path.name))
+
+
+def local_copy(
+    checkpoint_dir: Path, checkpoint_id: Any, step: int, *, sha256: str | None = None
+) -> Path | None:
+    """A directory on this disk that already holds checkpoint CHECKPOINT_ID (at STEP): the one
+    the training script wrote and this agent uploaded (its NOMAD_UPLOADED holds the id), or a
+    restore this container finished earlier (``mark_restored``). There is one after the
+    host rebooted and the container restarted on the same disk (Vast keeps it); None on a new
+    host, or when the script has deleted it since. A ready directory of that step whose
+    marker was never written (the reboot came between the supervisor's answer and the marker)
+    counts when it packs to SHA256, the object's digest (given for an unencrypted object only:
+    packing is deterministic, encrypting is not)."""
+    wanted = str(checkpoint_id)
+    restored = checkpoint_dir / f"resume-{step}"
+    if _marker_text(_restored_marker(restored)) == wanted and restored.is_dir():
+        return restored
+    try:
+        children = list(os.scandir(checkpoint_dir))
+    except FileNotFoundError:
+        return None
+    for entry in children:
+        path = Path(entry.path)
+        if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+            continue
+        if _marker_text(path / READY_MARKER) != str(step):
+            continue
+        uploaded = _marker_text(path / UPLOADED_MARKER)
+        if uploaded == wanted or (uploaded is None and sha256 and _packs_to(path, sha256)):
+            return path
+    return None
+
+
+def _packs_to(directory: Path, sha256: str) -> bool:
+    """Whether DIRECTORY packs to the object whose digest is SHA256 (read from disk only)."""
+    digest = hashlib.sha256()
+    try:
+        for piece in object_pieces(plan_tar(directory), None):
+            digest.update(piece)
+    except (CheckpointChanged, OSError):
+        return False
+    return digest.hexdigest() == sha256
+
+
+def mark_restored(target: Path, checkpoint_id: Any) -> None:
+    """Note beside TARGET that it holds checkpoint CHECKPOINT_ID, complete (written after the
+    unpack, so a restore cut short by a reboot is never taken for a copy)."""
+    _restored_marker(target).write_text(f"{checkpoint_id}\n")
+
+
+def _restored_marker(target: Path) -> Path:
+    # Beside the directory, not in it: the training script reads the directory as its own.
+    return target.parent / f".{target.name}.restored"
+
+
+def _marker_text(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace").strip()
+    except OSError:
+        return None
 
 
 def mark_uploaded(ready: ReadyCheckpoint, checkpoint_id: str) -> None:
@@ -496,8 +557,12 @@ def restore(
     counter: ByteCounter,
     connections: int = DOWNLOAD_CONNECTIONS,
     block_size: int | None = None,
+    archive: ArchiveFormat | None = None,
 ) -> RestoreStats:
     """Fetch the presigned OBJ into SCRATCH and unpack it into a fresh TARGET as it arrives.
+
+    ARCHIVE says how to unpack it: a checkpoint's plain tar by default; the job's code pack
+    (a .tar.gz that may hold links, agent/workdir.py) comes the same way.
 
     Nothing is in TARGET until the whole object arrived, matched OBJ's size and sha256 and
     unpacked (into TARGET.partial meanwhile; extraction is confined to it, see extract_safely).
@@ -506,6 +571,7 @@ def restore(
     SCRATCH is removed either way.
     """
     t0 = time.monotonic()
+    archive = archive or CHECKPOINT
     size = int(obj["size"])
     partial = target.with_name(target.name + ".partial")
     fetch = _Fetch(storage, obj["url"], size, scratch, counter, connections, block_size)
@@ -516,7 +582,7 @@ def restore(
         reader = _PrefixReader(fetch)
         unpack_error: Exception | None = None
         try:
-            _extract_object(reader, partial, data_key)  # type: ignore[arg-type]
+            _extract_object(reader, partial, data_key, archive)  # type: ignore[arg-type]
         except _FetchFailed:
             pass  # fetch.finish() raises why
         except Exception as exc:  # judged once the sha256 says whether the bytes were intact
@@ -525,7 +591,7 @@ def restore(
             reader.drain()  # the bytes the tar reader never asked for count too
         fetch.finish()
         if reader.hexdigest() != obj["sha256"]:
-            raise DownloadError("the downloaded checkpoint's sha256 does not match")
+            raise DownloadError(f"the downloaded {archive.what}'s sha256 does not match")
         if unpack_error is not None:
             raise unpack_error
     except BaseException:
@@ -536,6 +602,61 @@ def restore(
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)
     return RestoreStats(size, fetch.connections_used, fetch.finished_at - t0, time.monotonic() - t0)
+
+
+def fetch_file(
+    storage: httpx.Client,
+    obj: dict[str, Any],
+    dest: Path,
+    *,
+    scratch: Path,
+    data_key: bytes | None,
+    counter: ByteCounter,
+    connections: int = DOWNLOAD_CONNECTIONS,
+) -> RestoreStats:
+    """Fetch the presigned OBJ as ``restore`` does (parallel ranged GETs, sha256 and size
+    checked) into the plain file DEST: the scratch file itself when OBJ is not encrypted, else
+    its ngck1 plaintext (DATA_KEY), decrypted as the bytes arrive. Nothing is at DEST unless
+    it all checked out. DownloadError as ``restore``; RestoreError for bytes that verified but
+    do not decrypt."""
+    t0 = time.monotonic()
+    partial = dest.with_name(dest.name + ".partial")
+    fetch = _Fetch(storage, obj["url"], int(obj["size"]), scratch, counter, connections, None)
+    try:
+        fetch.start()
+        reader = _PrefixReader(fetch)
+        damaged = _decrypt_into(reader, partial, data_key) if data_key is not None else None
+        with contextlib.suppress(_FetchFailed):
+            reader.drain()
+        fetch.finish()
+        if reader.hexdigest() != obj["sha256"]:
+            raise DownloadError(f"the downloaded {dest.name}'s sha256 does not match")
+        if damaged is not None:
+            raise RestoreError(f"cannot decrypt {dest.name}: {damaged}")
+        os.replace(scratch if data_key is None else partial, dest)
+    except BaseException:
+        fetch.close()
+        partial.unlink(missing_ok=True)
+        raise
+    fetch.close()
+    return RestoreStats(
+        fetch.size, fetch.connections_used, fetch.finished_at - t0, time.monotonic() - t0
+    )
+
+
+def _decrypt_into(reader: _PrefixReader, out: Path, data_key: bytes) -> Exception | None:
+    """Decrypt what READER hands out into OUT; the decryption error, judged once the sha256
+    says whether the bytes were intact (None when it all decrypted, or the fetch failed)."""
+    from agent import ckptcrypto
+
+    try:
+        with out.open("wb") as dst:
+            ckptcrypto.decrypt_stream(reader, dst, data_key)  # type: ignore[arg-type]
+    except _FetchFailed:
+        return None
+    except ckptcrypto.CheckpointDecryptError as exc:
+        return exc
+    return None
 
 
 class _Fetch:
@@ -800,7 +921,10 @@ class _PrefixReader:
         self._buf, self._off = data, 0
 
 
-def _extract_object(raw: BinaryIO, dest: Path, data_key: bytes | None) -> None:
+def _extract_object(
+    raw: BinaryIO, dest: Path, data_key: bytes | None, archive: ArchiveFormat | None = None
+) -> None:
+    archive = archive or CHECKPOINT
     damaged: tuple[type[Exception], ...] = ()
     if data_key is not None:
         from agent import ckptcrypto
@@ -808,12 +932,12 @@ def _extract_object(raw: BinaryIO, dest: Path, data_key: bytes | None) -> None:
         damaged = (ckptcrypto.CheckpointDecryptError,)
     try:
         source = raw if data_key is None else ckptcrypto.DecryptingReader(raw, data_key)
-        with tarfile.open(fileobj=source, mode="r|") as tar:
-            extract_safely(tar, dest)
+        with tarfile.open(fileobj=source, mode=f"r|{archive.compression}") as tar:
+            archive.extract(tar, dest)
     except damaged as exc:
-        raise RestoreError(f"cannot decrypt the checkpoint: {exc}") from exc
-    except tarfile.TarError as exc:
-        raise RestoreError(f"the checkpoint is not a valid tar: {exc}") from exc
+        raise RestoreError(f"cannot decrypt the {archive.what}: {exc}") from exc
+    except (tarfile.TarError, EOFError, zlib.error) as exc:  # the last two: a damaged gzip
+        raise RestoreError(f"the {archive.what} is not a valid tar: {exc}") from exc
 
 
 def extract_safely(tar: tarfile.TarFile, dest: Path) -> None:
@@ -824,27 +948,34 @@ def extract_safely(tar: tarfile.TarFile, dest: Path) -> None:
     """
     root = dest.resolve()
     for member in tar:
-        path = _member_path(root, member.name)
+        path = member_path(root, member.name)
         if path is None:
             continue  # "." itself
-        if member.isdir():
-            path.mkdir(parents=True, exist_ok=True)
-        elif member.isreg():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            source = tar.extractfile(member)
-            assert source is not None
-            try:
-                out = path.open("xb")  # "x": a repeated name must not overwrite the first
-            except FileExistsError:
-                raise UnsafeArchive(f"{member.name!r}: appears twice") from None
-            with source, out:
-                shutil.copyfileobj(source, out, READ_CHUNK)
-            path.chmod((member.mode & 0o755) | 0o600)
-        else:
+        if not (member.isdir() or member.isreg()):
             raise UnsafeArchive(f"{member.name!r}: only files and directories are allowed")
+        extract_member(tar, member, path)
 
 
-def _member_path(root: Path, name: str) -> Path | None:
+def extract_member(tar: tarfile.TarFile, member: tarfile.TarInfo, path: Path) -> None:
+    """Write the directory or regular file MEMBER at PATH (from member_path)."""
+    if member.isdir():
+        path.mkdir(parents=True, exist_ok=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    source = tar.extractfile(member)
+    assert source is not None
+    try:
+        out = path.open("xb")  # "x": a repeated name must not overwrite the first
+    except FileExistsError:
+        raise UnsafeArchive(f"{member.name!r}: appears twice") from None
+    with source, out:
+        shutil.copyfileobj(source, out, READ_CHUNK)
+    path.chmod((member.mode & 0o755) | 0o600)
+
+
+def member_path(root: Path, name: str) -> Path | None:
+    """Where member NAME goes under ROOT (resolved); None for "." itself; UnsafeArchive for an
+    absolute or '..' name, or one whose folder already resolves outside ROOT."""
     pure = PurePosixPath(name)
     if pure.is_absolute() or name.startswith(("\\", "/")) or "\\" in name or "\0" in name:
         raise UnsafeArchive(f"{name!r}: absolute or non-POSIX path")
@@ -857,3 +988,16 @@ def _member_path(root: Path, name: str) -> Path | None:
     if os.path.commonpath([root, os.path.realpath(path.parent)]) != str(root):
         raise UnsafeArchive(f"{name!r}: leaves the target directory")
     return path
+
+
+@dataclass(frozen=True)
+class ArchiveFormat:
+    """How a restored object's bytes become files: tarfile's stream compression ("" or "gz"),
+    the extraction policy, and what to call the object in error messages."""
+
+    what: str
+    compression: str = ""
+    extract: Callable[[tarfile.TarFile, Path], None] = extract_safely
+
+
+CHECKPOINT = ArchiveFormat("checkpoint")

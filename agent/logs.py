@@ -12,6 +12,8 @@ from collections import deque
 from pathlib import Path
 from typing import BinaryIO
 
+from agent.masking import SecretMask
+
 TAIL_LINES = 50
 TAIL_BYTES = 8 * 1024
 LINE_CHARS = 1000
@@ -79,12 +81,21 @@ class RotatingFile:
 
 
 class OutputPump:
-    """Copies the child's merged stdout/stderr to the log file, our stdout and the tail."""
+    """Copies the child's merged stdout/stderr to the log file, our stdout and the tail, with
+    the job's secret values masked in all three when MASK holds any."""
 
-    def __init__(self, source: BinaryIO, logfile: RotatingFile, tail: LogTail) -> None:
+    def __init__(
+        self,
+        source: BinaryIO,
+        logfile: RotatingFile,
+        tail: LogTail,
+        mask: SecretMask | None = None,
+    ) -> None:
         self._source = source
         self._logfile = logfile
         self._tail = tail
+        self._masking = mask.stream() if mask else None
+        self._echo = getattr(sys.stdout, "buffer", None)
         self._thread = threading.Thread(target=self._run, name="output-pump", daemon=True)
 
     def start(self) -> None:
@@ -95,21 +106,32 @@ class OutputPump:
 
     def _run(self) -> None:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        echo = getattr(sys.stdout, "buffer", None)
         while True:
             data = self._source.read1(64 * 1024)  # type: ignore[attr-defined]
             if not data:
                 break
-            self._logfile.write(data)
-            self._tail.feed(decoder.decode(data))
-            if echo is not None:
-                try:
-                    echo.write(data)
-                    echo.flush()
-                except (OSError, ValueError):
-                    echo = None  # our stdout went away; the log file still has everything
-        self._tail.feed(decoder.decode(b"", final=True))
+            self._emit(data, decoder.decode(data))
+        self._emit(b"", decoder.decode(b"", final=True), final=True)
         self._logfile.close()
+
+    def _emit(self, data: bytes, text: str, *, final: bool = False) -> None:
+        if self._masking is not None:
+            # Masked text replaces the raw bytes everywhere (undecodable bytes become U+FFFD).
+            text = self._masking.feed(text) + (self._masking.flush() if final else "")
+            data = text.encode()
+        if data:
+            self._logfile.write(data)
+            self._echo_out(data)
+        self._tail.feed(text)
+
+    def _echo_out(self, data: bytes) -> None:
+        if self._echo is None:
+            return
+        try:
+            self._echo.write(data)
+            self._echo.flush()
+        except (OSError, ValueError):
+            self._echo = None  # our stdout went away; the log file still has everything
 
 
 class TailHandler(logging.Handler):

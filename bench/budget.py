@@ -58,7 +58,7 @@ from billing.enforce import (  # noqa: E402
     pause_deadline,
 )
 from billing.services import LimitStatus  # noqa: E402
-from hosts.selection import Requirements, filter_offers  # noqa: E402
+from hosts.selection import ON_DEMAND, Requirements, filter_offers  # noqa: E402
 from hosts.vast import parse_offer  # noqa: E402
 
 MARKETS = (ROOT / "hosts/sandbox/market/offers.json", ROOT.parent / "shared/market/offers.json")
@@ -75,7 +75,7 @@ def burn_rates(path: Path) -> list[tuple[int, float]]:
     """(offer id, $/h) of every offer passing the field report's filters, any GPU model."""
     raw = json.loads(path.read_text())
     offers = [parse_offer({k: v for k, v in o.items() if not k.startswith("sim_")}) for o in raw]
-    kept, _ = filter_offers(offers, Requirements(disk_gb=DISK_GB))
+    kept, _ = filter_offers(offers, Requirements(rental=ON_DEMAND, disk_gb=DISK_GB))
     return [(o.id, o.dph_base + o.storage_usd_per_gb_hour * DISK_GB) for o in kept]
 
 

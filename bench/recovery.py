@@ -1,7 +1,8 @@
 """Benchmark: how fast does a job get back to training after its host is lost?
 
 Usage: ``python bench/recovery.py [--drills N] [--quick] [--heartbeat-s S] [--keep]`` (about a
-minute for the default 5 drills of each kind; ``--quick`` runs 2).
+minute for the default 5 drills of each kind, then 3-4 min for the field-report part's 2 per
+configuration; ``--quick`` runs 2, and 1 of the field report's: about 90 s in all on 2 cores).
 
 Everything runs here, from scratch, in a temporary folder: a throwaway SQLite database
 (migrated), the web process (Django's threaded WSGI server: agent API and local object
@@ -25,6 +26,14 @@ under a second instead of minutes), so their baselines are measured in the same 
 first rent and first start.
 
 Each figure is one line: median or p90, a baseline, and the ratio of the two.
+
+Then the field-report part (issue 30), in its own process (a second installation, the sandbox at
+a uniform time scale): ``bench/support/field_report.py``, whose docstring says how it runs; its
+figures are per-phase medians in production seconds over a ladder of configurations (baseline,
+then overlap, staged bf16 weights, staged 4-bit weights, a machine that holds the image: each
+adding one measure), each measure's phase before and after it, a rebooted host waited for
+beside a destroy, every measure on against the goals, the bounds, what each costs, and the
+standby's keep rule. ``--no-field-report`` skips it.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ import logging
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -54,11 +64,12 @@ PRODUCTION_TICK_S = 5.0  # WATCHDOG_INTERVAL_S
 DETECTION_GOAL_S = 15.0  # a destroyed host, confirmed by the provider, within 15 s
 TOY_STEP_S = 0.05
 CHECKPOINT_EVERY = 20
-FIELD_REPORT_REQUIREMENTS = {
+FIELD_REPORT_REQUIREMENTS = {  # on demand, as the field report rented (JobSpec's default bids)
     "gpu_names": ["RTX 4090"],
     "min_reliability": 0.98,
     "min_inet_down_mbps": 500,
     "disk_gb": 20,
+    "rental": "on-demand",
 }
 
 
@@ -73,6 +84,9 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     parser.add_argument("--quick", action="store_true", help="2 drills of each kind")
+    parser.add_argument(
+        "--no-field-report", action="store_true", help="skip the field-report part (issue 30)"
+    )
     args = parser.parse_args()
     if args.quick:
         args.drills = 2
@@ -119,8 +133,13 @@ class Timing:
 class Installation:
     """Web server, worker, beat and sandbox, started in that order and stopped in reverse."""
 
-    def __init__(self, tmp: Path, timing: Timing) -> None:
-        self.tmp, self.timing = tmp, timing
+    def __init__(
+        self,
+        tmp: Path,
+        timing: Timing,
+        sandbox_flags: tuple[str, ...] = ("--fast", "--relaxed-rate-limits"),
+    ) -> None:
+        self.tmp, self.timing, self.sandbox_flags = tmp, timing, sandbox_flags
         self.stop_beat = threading.Event()
         self.server = self.worker_cm = self.sandbox = None
 
@@ -163,8 +182,7 @@ class Installation:
     def start_sandbox(self) -> None:
         from tests.sandbox_support import DEFAULT_KEY, Sandbox
 
-        flags = ("--fast", "--relaxed-rate-limits")
-        self.sandbox = Sandbox(self.tmp / "sandbox", flags, (DEFAULT_KEY,)).start()
+        self.sandbox = Sandbox(self.tmp / "sandbox", self.sandbox_flags, (DEFAULT_KEY,)).start()
 
     def start_worker(self) -> None:
         from celery.contrib.testing.worker import start_worker
@@ -386,8 +404,24 @@ def report(destroys: list[Drill], freezes: list[Drill], first: dict, timing: Tim
     )
 
 
+def run_field_report(quick: bool, detection_s: float) -> int:
+    """The field-report part, as its own process (Django is set up once per process, and that
+    part needs an installation of its own), given this part's detection median."""
+    script = ROOT / "bench" / "support" / "field_report.py"
+    argv = [sys.executable, str(script), "--detection-s", f"{detection_s:.2f}"]
+    return subprocess.run([*argv, *(["--quick"] if quick else [])]).returncode
+
+
 def main() -> int:
     args = parse_args()
+    detection_s = run_detection(args)
+    if args.no_field_report:
+        return 0
+    return run_field_report(args.quick, detection_s)
+
+
+def run_detection(args: argparse.Namespace) -> float:
+    """The detection drills and their report; the median destroy detection, production s."""
     timing = Timing(args.heartbeat_s)
     tmp = Path(tempfile.mkdtemp(prefix="nomadgpu-recovery-bench-"))
     configure(tmp)
@@ -419,13 +453,14 @@ def main() -> int:
             )
         lifecycle.cancel_job(job.pk, now=timezone.now(), by="the bench")
         report(destroys, freezes, started, timing)
+        detection = median([d.since_break(d.detected_at) for d in destroys]) * timing.scale
     finally:
         installation.stop()
         if args.keep:
             print(f"kept {tmp}", file=sys.stderr)
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    return 0
+    return detection
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Benchmark: does ranking by expected total cost pick cheaper hosts than ranking by price?
 
-Usage: ``python bench/selection.py [--quick] [--seed N] [market.json]`` (no Django, no server; a
+Usage: ``python bench/selection.py [--quick] [--seed N] [market.json]`` (no server and no
+database: Django is set up only to read the stored decision as ``jobs.market_terms`` does; a
 few seconds, ``--quick`` runs fewer simulated jobs).
 
 On the seeded market (``hosts/sandbox/market/offers.json``, else ``shared/market/offers.json``)
@@ -23,7 +24,7 @@ docstring gives the simulated market's truth): ``SIM_JOBS`` jobs of the field re
 in all; the image 0 or 5 GB, drawn per job) run one after another, event by event, under three
 policies: ``auto`` (``Requirements(rental="auto")`` with ``rates=`` the history the simulation
 has observed so far under that policy, empty at first so the prior applies; an outbid answered
-as ``jobs.watchdog`` does, by ``selection.outbid_choice_from_decision``: raise the bid and
+as ``jobs.watchdog`` does, by ``market_terms.RentDecision.outbid_choice``: raise the bid and
 stay, or move; the outbidder holds the machine for an exponential time of the sandbox's mean,
 then its min_bid falls back),
 ``on-demand``, and ``min-bid`` (``Requirements(rental="interruptible", bid_margins=(0.0,))``:
@@ -39,12 +40,19 @@ goal is out of reach when this bound is near it: traffic and storage are not dis
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "nomadgpu.settings")
+os.environ.setdefault("FIELD_ENCRYPTION_KEY", "YmVuY2gtb25seS1rZXktYmVuY2gtb25seS1rZXktMzI=")
+
+import django  # noqa: E402
+
+django.setup()  # the outbid answer reads the stored decision through jobs.market_terms
 
 from bench.support import line  # noqa: E402
 from bench.support.preemption_sim import AUTO, MIN_BID, ON_DEMAND, simulate  # noqa: E402
@@ -66,7 +74,11 @@ MARKETS = (
 )
 IMAGE_GB = 3.6e9 / 1024**3  # pytorch/pytorch, as the sandbox sizes it (hosts/sandbox/timing.py)
 FIELD_REPORT = Requirements(
-    gpu_names=("RTX 4090",), min_reliability=0.98, min_inet_down_mbps=500, verified_only=True
+    rental=ON_DEMAND,
+    gpu_names=("RTX 4090",),
+    min_reliability=0.98,
+    min_inet_down_mbps=500,
+    verified_only=True,
 )
 
 
@@ -86,7 +98,7 @@ JOBS = (
     Job(
         "small-job",  # a 2 GB model, 60 steps: start-up and traffic weigh more than training
         JobProfile(image_gb=IMAGE_GB, model_gb=2, upload_gb=0.2, steps_total=60),
-        Requirements(gpu_names=("RTX 4090",), disk_gb=20),
+        Requirements(rental=ON_DEMAND, gpu_names=("RTX 4090",), disk_gb=20),
     ),
 )
 

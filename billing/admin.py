@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.db.models import Prefetch
 from django.utils import timezone
 
+from billing.cost import charges_prefetch, job_cost
 from billing.models import (
     BudgetPause,
     BudgetWarning,
@@ -14,10 +16,11 @@ from billing.models import (
     TeamBudget,
 )
 from billing.services import projected_total
-from billing.spend import job_spend
+from jobs import lifecycle
 from jobs.admin import JobAdmin
-from jobs.models import Job
+from jobs.models import Attempt, Job
 from nomadgpu.admin_scoping import TeamScopedAdmin
+from nomadgpu.humanize import money
 
 
 @admin.register(TeamBudget)
@@ -26,7 +29,7 @@ class TeamBudgetAdmin(TeamScopedAdmin):
     list_select_related = ["team"]
     fieldsets = [
         (
-            "Spending limits in USD (empty: none)",
+            "Spending limits in USD, to the tenth of a cent (empty: none)",
             {
                 "fields": ["team", "daily_usd", "weekly_usd", "monthly_usd", "member_monthly_usd"],
                 "description": "Calendar periods in the team's time zone; weeks start on "
@@ -107,23 +110,35 @@ class InvoiceSyncAdmin(ReadOnlyAdmin):
 @admin.register(DiscrepancyFlag)
 class DiscrepancyFlagAdmin(ReadOnlyAdmin):
     list_display = ("created_at", "team", "kind", "recorded_usd", "billed_usd", "reason", "status")
-    list_filter = ("kind", "status")
+    list_filter = ("kind", "status", "period")
     search_fields = ("reason", "note")
 
 
 class JobWithSpendAdmin(JobAdmin):
-    """The job admin with billing's columns: jobs knows nothing of money (billing reads it)."""
+    """The job admin with billing's columns: jobs knows nothing of money (billing reads it).
+    The cost is the one every surface shows (``billing.cost.job_cost``), with its label."""
 
-    list_display = [*JobAdmin.list_display[:4], "spend_so_far", *JobAdmin.list_display[4:]]
-    readonly_fields = ["spend_so_far", "projected_total"]
+    list_display = [*JobAdmin.list_display[:4], "cost", *JobAdmin.list_display[4:]]
+    readonly_fields = [*JobAdmin.readonly_fields, "cost", "projected_total"]
 
-    @admin.display(description="spend so far ($)")
-    def spend_so_far(self, job: Job) -> str:
-        return f"{job_spend(job, now=timezone.now()).total:.4f}"
+    def get_queryset(self, request):
+        # The cost reads each attempt's charges: three queries for the page, not three a row.
+        attempts = Attempt.objects.prefetch_related(charges_prefetch())
+        return super().get_queryset(request).prefetch_related(Prefetch("attempts", attempts))
 
-    @admin.display(description="projected total ($)")
+    @admin.display(description="cost")
+    def cost(self, job: Job) -> str:
+        """ "$0.0191 (recorded)" or "$0.0180 (invoiced)"."""
+        cost = job_cost(job, now=timezone.now())
+        return f"{cost.text} ({cost.basis})"
+
+    @admin.display(description="projected total")
     def projected_total(self, job: Job) -> str:
-        return f"{projected_total(job, now=timezone.now()):.4f}"
+        """The expected total by the money rule; the cost itself once the job ended."""
+        if lifecycle.is_terminal(job.state):
+            return self.cost(job)
+        total = projected_total(job, now=timezone.now())
+        return "- (the job's stored spec does not validate)" if total is None else money(total)
 
 
 admin.site.unregister(Job)

@@ -1,18 +1,18 @@
 """Billing's answers to jobs' spending questions (``jobs.spending.SpendingGate``), installed
-by ``billing.apps`` when Django starts."""
+by ``billing.apps`` when Django starts. Only what jobs must ask: the budget pass is billing's
+own (``billing.enforce``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from datetime import datetime
 
-from billing import enforce, services
+from billing import services
 from jobs.models import Job
-from jobs.spending import BudgetStep, Verdict
+from jobs.spending import Verdict
 
 
 class BudgetGate:
-    """The team, member and job limits (``billing.services``, ``billing.enforce``)."""
+    """The team, member and job limits (``billing.services``)."""
 
     def admit(self, job: Job, *, now: datetime) -> Verdict:
         return services.preflight(job, now=now)
@@ -22,6 +22,3 @@ class BudgetGate:
 
     def resume(self, job: Job, *, now: datetime) -> Verdict:
         return services.resume_verdict(job, now=now)
-
-    def budget_pass(self, *, now: datetime) -> Iterable[BudgetStep]:
-        return enforce.budget_pass(now=now)

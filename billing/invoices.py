@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import io
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
@@ -28,6 +29,8 @@ from billing.models import Charge, ChargeItem, ChargeOrigin, InvoiceSync, Paymen
 from billing.reconcile import match_charges, note_billed_traffic
 from hosts import vast
 from jobs.models import Attempt
+
+logger = logging.getLogger(__name__)
 
 ITEM_TYPES = ("gpu", "disk", "bwd", "bwu")
 # A day is final (its cursor may pass it) once it ended this long ago: late usage records
@@ -144,6 +147,7 @@ def store_charges(team, records: Iterable[ChargeRecord], *, origin: str, now: da
     Call inside a transaction: a charge and its items are replaced together."""
     n_items = 0
     for record in records:
+        check_in_range(record)
         charge, _ = Charge.objects.update_or_create(
             team=team,
             source=record.source,
@@ -179,6 +183,23 @@ def store_charges(team, records: Iterable[ChargeRecord], *, origin: str, now: da
     return n_items
 
 
+def check_in_range(record: ChargeRecord) -> None:
+    """Refuse (ValueError) a record whose numbers no column can hold: PostgreSQL would refuse
+    the row, and SQLite would store it and then fail every read of it."""
+    numbers = [(Charge, "amount", record.amount)]
+    for item in record.items:
+        numbers += [
+            (ChargeItem, name, getattr(item, name)) for name in ("amount", "quantity", "rate")
+        ]
+    for model, name, value in numbers:
+        if value is None:
+            continue
+        field = model._meta.get_field(name)
+        whole_digits = field.max_digits - field.decimal_places
+        if not Decimal(value).is_finite() or abs(Decimal(value)) >= Decimal(10) ** whole_digits:
+            raise ValueError(f"{name} {value} is out of range")
+
+
 # --- the periodic sync ----------------------------------------------------------------------
 
 
@@ -204,35 +225,59 @@ def sync_team(team, *, now: datetime, client: vast.VastClient | None = None) -> 
     after keeping the days already finished (and records the error on the sync row)."""
     sync, _ = InvoiceSync.objects.get_or_create(team=team)
     own_client = client is None
-    client = client or vast.VastClient.from_settings(team)
     belongs = charge_filter(team)
     result = ImportResult()
+    unreadable: list[str] = []
     try:
+        # Inside the try: a team whose Vast key no longer opens says so on its sync row.
+        client = client or vast.VastClient.from_settings(team)
         for day in days_to_import(sync, earliest=earliest_day(team, now=now), now=now):
             lo, hi = day_window(day)
             # The whole day even when it is today: Vast (and the sandbox) bill open usage up
             # to their own clock, and a bound cut at our whole second would drop the last one.
             charges = [c for c in client.charges(lo, hi) if belongs(c)]
             with transaction.atomic():
-                result.items += store_charges(
-                    team, (record_from_api(c, day) for c in charges), origin="api", now=now
-                )
-                if is_settled(day, now=now):
+                items, failed = store_api_charges(team, charges, day, now=now)
+                result.items += items
+                unreadable += failed
+                # A day with a charge that could not be stored is imported again next time:
+                # the cursor stops before it (days after it are stored, and asked again).
+                if is_settled(day, now=now) and not unreadable:
                     sync.charges_complete_through = day
                     sync.save(update_fields=["charges_complete_through"])
             result.days += 1
-            result.charges += len(charges)
+            result.charges += len(charges) - len(failed)
         result.payments = import_payments(team, client, since=sync_start(sync, now), now=now)
-    except vast.VastError as exc:
-        InvoiceSync.objects.filter(pk=sync.pk).update(last_run_at=now, last_error=str(exc)[:2000])
+    except Exception as exc:
+        why = str(exc) if isinstance(exc, vast.VastError) else f"{type(exc).__name__}: {exc}"
+        InvoiceSync.objects.filter(pk=sync.pk).update(last_run_at=now, last_error=why[:2000])
         raise
     finally:
-        if own_client:
+        if own_client and client is not None:
             client.close()
-    InvoiceSync.objects.filter(pk=sync.pk).update(last_run_at=now, synced_until=now, last_error="")
+    InvoiceSync.objects.filter(pk=sync.pk).update(
+        last_run_at=now, synced_until=now, last_error="; ".join(unreadable)[:2000]
+    )
     result.matched = match_charges(team, now=now)
     note_billed_traffic(team, now=now)
     return result
+
+
+def store_api_charges(
+    team, charges: list[vast.Charge], day: date, *, now: datetime
+) -> tuple[int, list[str]]:
+    """Store DAY's CHARGES one by one (each in its own savepoint): one that cannot be stored is
+    logged and named in the returned list, and the others are stored all the same. Returns
+    the item count and the failures."""
+    items, failed = 0, []
+    for charge in charges:
+        try:
+            with transaction.atomic():
+                items += store_charges(team, [record_from_api(charge, day)], origin="api", now=now)
+        except Exception as exc:
+            logger.exception("invoice sync of %s: charge %s of %s failed", team, charge.source, day)
+            failed.append(f"charge {charge.source} of {day} could not be stored ({exc})"[:300])
+    return items, failed
 
 
 def charge_filter(team):

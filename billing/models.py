@@ -22,7 +22,7 @@ class LimitKind(models.TextChoices):
 
 def _limit_field(help_text: str) -> models.DecimalField:
     return models.DecimalField(
-        max_digits=10, decimal_places=2, null=True, blank=True, help_text=help_text
+        max_digits=10, decimal_places=3, null=True, blank=True, help_text=help_text
     )
 
 
@@ -58,7 +58,7 @@ class BudgetWarning(models.Model):
     )
     period_start = models.DateTimeField()
     period_end = models.DateTimeField(null=True, blank=True)  # None: the job's whole life
-    limit_usd = models.DecimalField(max_digits=10, decimal_places=2)
+    limit_usd = models.DecimalField(max_digits=10, decimal_places=3)
     spent_usd = models.FloatField()
     created_at = models.DateTimeField(default=timezone.now)
 
@@ -77,7 +77,7 @@ class BudgetPause(models.Model):
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="budget_pauses")
     attempt = models.ForeignKey(Attempt, on_delete=models.SET_NULL, null=True, blank=True)
     limit = models.CharField(max_length=16, choices=LimitKind.choices)
-    limit_usd = models.DecimalField(max_digits=10, decimal_places=2)
+    limit_usd = models.DecimalField(max_digits=10, decimal_places=3)
     spent_usd = models.FloatField()
     period_start = models.DateTimeField()
     requested_at = models.DateTimeField()
@@ -235,11 +235,29 @@ class FlagStatus(models.TextChoices):
     REVIEWED = "reviewed", "Reviewed"
 
 
+class FlagPeriod(models.TextChoices):
+    DAY = "day", "UTC day"
+    MONTH = "month", "UTC month"
+
+
+def _only(subject: str) -> models.Q:
+    """SUBJECT set and the other two subjects of a flag empty."""
+    subjects = ("attempt", "charge", "period_start")
+    q = models.Q(**{f"{subject}__isnull": False})
+    for other in subjects:
+        if other != subject:
+            q &= models.Q(**{f"{other}__isnull": True})
+    return q
+
+
 class DiscrepancyFlag(models.Model):
     """A reconciliation difference outside the tolerance, kept so finance can review it once.
 
-    One per attempt (over-/under-billed, unbilled usage) or per unmatched charge. The event
-    for notifications is written when the flag is created, never again.
+    One per attempt (over-/under-billed, unbilled usage), per unmatched charge, or per team
+    and period (a UTC day or month, ``period_start`` its first day): the sum over the
+    period's attempts that each matched within the per-attempt tolerance, so a systematic
+    overcharge too small to flag any one attempt still shows (``reconcile.flag_periods``).
+    The event for notifications is written when an attempt's flag is created, never again.
     """
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="discrepancy_flags")
@@ -249,6 +267,9 @@ class DiscrepancyFlag(models.Model):
     charge = models.OneToOneField(
         Charge, on_delete=models.CASCADE, null=True, blank=True, related_name="flag"
     )
+    period = models.CharField(max_length=8, choices=FlagPeriod.choices, blank=True)
+    period_start = models.DateField(null=True, blank=True)
+    attempts_count = models.PositiveIntegerField(null=True, blank=True)  # a period's, summed
     kind = models.CharField(max_length=20)  # the reconciliation status that raised it
     recorded_usd = models.DecimalField(max_digits=12, decimal_places=4, default=0)
     billed_usd = models.DecimalField(max_digits=12, decimal_places=4, default=0)
@@ -266,11 +287,21 @@ class DiscrepancyFlag(models.Model):
         ordering = ["-created_at"]
         constraints = [
             models.CheckConstraint(
-                condition=(models.Q(attempt__isnull=False) & models.Q(charge__isnull=True))
-                | (models.Q(attempt__isnull=True) & models.Q(charge__isnull=False)),
+                condition=_only("attempt") | _only("charge") | _only("period_start"),
                 name="flag_has_one_subject",
-            )
+            ),
+            # The period flag's key: a re-run updates the team's one flag for that period.
+            models.UniqueConstraint(
+                fields=["team", "period", "period_start"],
+                condition=models.Q(period_start__isnull=False),
+                name="one_flag_per_team_period",
+            ),
         ]
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.reason}"
+
+    @property
+    def difference_usd(self):
+        """Billed minus recorded (a period flag's total difference)."""
+        return self.billed_usd - self.recorded_usd

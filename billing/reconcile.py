@@ -18,6 +18,7 @@ without an attempt belongs to its own day.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
@@ -25,22 +26,33 @@ from typing import ClassVar
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Max, Prefetch, Sum
-from django.utils import timezone
+from django.db.models import Prefetch, Sum
 
-from billing.models import Charge, ChargeItem, DiscrepancyFlag, FlagStatus, InvoiceSync
+from billing.cost import JobCost, cost_of, covered_until
+from billing.cost import job_cost as job_cost  # re-exported: the one cost lives in billing.cost
+from billing.models import (
+    Charge,
+    ChargeItem,
+    DiscrepancyFlag,
+    FlagPeriod,
+    FlagStatus,
+)
 from billing.spend import GB, attempt_spend, traffic_bytes
 from jobs.models import Attempt, JobEvent
+from nomadgpu.humanize import money
+
+logger = logging.getLogger(__name__)
 
 # A charge belongs to an attempt whose rental it overlaps; this much slack absorbs clock
 # skew between Vast's usage records and ours.
 MATCH_SLACK = timedelta(hours=1)
 COMPONENTS = (  # (name in Spend, charge item type, unit of the quantities)
     ("gpu", "gpu", "h"),
-    ("storage", "disk", "GB-h"),
+    ("storage", "disk", "GB-h"),  # or "h" when Vast bills it in hours (``storage_unit``)
     ("download", "bwd", "GB"),
     ("upload", "bwu", "GB"),
 )
+HOUR_UNITS = frozenset({"h", "hr", "hrs", "hour", "hours"})
 
 
 class Status:
@@ -188,10 +200,13 @@ def match_charges(team, *, now: datetime) -> int:
     linked = 0
     for charge in pending:
         attempt = attempts.get(charge.instance_id)
-        if attempt is not None and overlaps(charge, attempt, now=now):
-            linked += Charge.objects.filter(pk=charge.pk, attempt__isnull=True).update(
-                attempt=attempt
-            )
+        try:
+            if attempt is not None and overlaps(charge, attempt, now=now):
+                linked += Charge.objects.filter(pk=charge.pk, attempt__isnull=True).update(
+                    attempt=attempt
+                )
+        except (TypeError, ValueError):  # one odd row stays unmatched; the others go on
+            logger.exception("matching charge %s to attempt %s failed", charge.pk, attempt)
     return linked
 
 
@@ -228,16 +243,11 @@ def note_billed_traffic(team, *, now: datetime) -> int:
 # --- one attempt ----------------------------------------------------------------------------
 
 
-def covered_until(team) -> datetime | None:
-    """Usage before this moment is on the imported invoice (last sync, or latest charge)."""
-    sync = InvoiceSync.objects.filter(team=team).values_list("synced_until", flat=True).first()
-    latest = Charge.objects.filter(team=team).aggregate(m=Max("end"))["m"]
-    known = [m for m in (sync, latest) if m is not None]
-    return max(known) if known else None
-
-
-def recorded_quantities(attempt, *, now: datetime) -> dict[str, tuple[float, float]]:
-    """Per component: (quantity in its unit, rate per unit) as NomadGPU recorded them."""
+def recorded_quantities(
+    attempt, *, now: datetime, storage_unit: str = "GB-h"
+) -> dict[str, tuple[float, float]]:
+    """Per component: (quantity in its unit, rate per unit) as NomadGPU recorded them; storage
+    in STORAGE_UNIT, the one its charge items use (``storage_unit``)."""
     end = min(attempt.ended_at, now) if attempt.ended_at else now
 
     def hours(start):
@@ -246,10 +256,44 @@ def recorded_quantities(attempt, *, now: datetime) -> dict[str, tuple[float, flo
     down, up = traffic_bytes(attempt)
     return {
         "gpu": (hours(attempt.registered_at), attempt.dph_base),
-        "storage": (attempt.disk_gb * hours(attempt.rented_at), attempt.storage_usd_per_gb_hour),
+        "storage": recorded_storage(attempt, hours(attempt.rented_at), storage_unit),
         "download": (down / GB, attempt.download_usd_per_gb),
         "upload": (up / GB, attempt.upload_usd_per_gb),
     }
+
+
+def recorded_storage(attempt, rented_h: float, unit: str) -> tuple[float, float]:
+    """ATTEMPT's recorded storage as (quantity, rate) in UNIT: the hours its disk existed at the
+    whole disk's $/hour for "h", else GB-hours at $/GB-hour."""
+    if unit == "h":
+        return rented_h, attempt.disk_gb * attempt.storage_usd_per_gb_hour
+    return attempt.disk_gb * rented_h, attempt.storage_usd_per_gb_hour
+
+
+def storage_unit(items) -> str:
+    """The unit Vast billed storage in on ITEMS (the ``disk`` charge items): "h" when every item
+    that says a quantity says hours (Vast's billing page: "0.9765233 hours at $0.018/hour", the
+    whole disk at a per-hour rate), else "GB-h" (the old per-GB-month wording, read as
+    GB-hours). Recorded storage is then expressed in the same unit: like is compared with like."""
+    units = {(i.unit or "").lower() for i in items if i.quantity is not None}
+    return "h" if units and units <= HOUR_UNITS else "GB-h"
+
+
+def counts_in(item, unit: str) -> bool:
+    """Whether a storage ITEM's quantity may be summed in UNIT: one in hours only in "h", one in
+    GB-hours only in "GB-h" (a mix of the two wordings is not summed: no billed quantity)."""
+    return ((item.unit or "").lower() in HOUR_UNITS) == (unit == "h")
+
+
+def billed_quantity(items, *, storage_unit: str | None = None) -> float | None:
+    """The quantity ITEMS billed, summed; None when an item's text did not say it (or, for
+    storage items, said it in another unit than STORAGE_UNIT). No item at all billed 0."""
+    qty = [
+        i.quantity
+        for i in items
+        if i.quantity is not None and (storage_unit is None or counts_in(i, storage_unit))
+    ]
+    return float(sum(qty)) if len(qty) == len(items) else None
 
 
 def billed_items(charges) -> dict[str, list[ChargeItem]]:
@@ -265,13 +309,14 @@ def compare_components(
 ) -> tuple[Component, ...]:
     """Recorded vs billed for GPU, storage, download and upload of ATTEMPT."""
     spend = attempt_spend(attempt, now=now, invoiced=False)
-    quantities = recorded_quantities(attempt, now=now)
     items = billed_items(charges)
+    storage = storage_unit(items.get("disk", []))
+    quantities = recorded_quantities(attempt, now=now, storage_unit=storage)
     out = []
-    for name, item_type, unit in COMPONENTS:
+    for name, item_type, default_unit in COMPONENTS:
+        unit = storage if name == "storage" else default_unit
         mine = items.get(item_type, [])
         billed = float(sum((i.amount for i in mine), Decimal(0)))
-        qty = [i.quantity for i in mine if i.quantity is not None]
         rates = [i.rate for i in mine if i.rate is not None]
         recorded = getattr(spend, name)
         out.append(
@@ -280,8 +325,9 @@ def compare_components(
                 recorded=recorded,
                 billed=billed,
                 recorded_qty=quantities[name][0],
-                # None: an item's text did not say its quantity; no item at all is nothing billed.
-                billed_qty=float(sum(qty)) if len(qty) == len(mine) else None,
+                billed_qty=billed_quantity(
+                    mine, storage_unit=storage if name == "storage" else None
+                ),
                 unit=unit,
                 billed_rate=float(rates[0]) if rates else None,
                 recorded_rate=quantities[name][1],
@@ -324,9 +370,9 @@ def explain(attempt, components, charges) -> str:
             f"{worst.recorded_rate:.6g} recorded per {worst.unit}"
         )
     if worst.billed_qty is None:
-        # Only the GPU item's wording is documented (ref §6a): compare money, not quantities.
+        # An item whose text said no quantity (a wording not known): compare money only.
         return (
-            f"{worst.name}: ${worst.billed:.3f} billed vs ${worst.recorded:.3f} recorded "
+            f"{worst.name}: {money(worst.billed)} billed vs {money(worst.recorded)} recorded "
             "(item text unparsed)"
         )
     billed_qty = f"{worst.billed_qty:.3f}"
@@ -351,12 +397,14 @@ def explain(attempt, components, charges) -> str:
     last_day = max((charge_days(c)[0] for c in charges), default=None)
     if more and attempt.ended_at and last_day and last_day.date() > attempt.ended_at.date():
         return f"storage after stop: billed on {last_day:%Y-%m-%d} (UTC)"
-    return f"storage: {billed_qty} GB-h billed vs {worst.recorded_qty:.3f} GB-h recorded"
+    unit = worst.unit
+    return f"storage: {billed_qty} {unit} billed vs {worst.recorded_qty:.3f} {unit} recorded"
 
 
 def rate_differs(component: Component) -> bool:
     """Whether Vast billed another rate than the one copied at rent (by more than 1 %).
-    Storage is skipped: its rate is per GB-month on the invoice, rounded to 3 decimals."""
+    Storage is skipped: the invoice rounds its rate to 3 decimals (per GB-month in the old
+    wording, per hour for the whole disk in Vast's), often more than 1 % of a small one."""
     billed, recorded = component.billed_rate, component.recorded_rate
     if component.name == "storage" or not billed or not recorded:
         return False
@@ -439,16 +487,6 @@ def machine_and_training_hours(attempts, *, now: datetime) -> tuple[float, float
 
 
 @dataclass(frozen=True)
-class JobCost:
-    """What the portal shows as a job's cost, and whether it is invoiced or estimated."""
-
-    amount: float
-    basis: str  # "invoiced" once every attempt is reconciled, else "estimated"
-    recorded: float
-    billed: float
-
-
-@dataclass(frozen=True)
 class JobReconciliation(Summed):
     parts = "attempts"
 
@@ -477,28 +515,21 @@ class JobReconciliation(Summed):
         out = []
         for n, (name, _, unit) in enumerate(COMPONENTS):
             parts = [a.components[n] for a in self.attempts]
+            units = {p.unit for p in parts}
+            # Storage may be in hours for one attempt and GB-hours for another: no sum then.
             billed_qty = [p.billed_qty for p in parts if p.billed_qty is not None]
+            same = len(units) <= 1
             out.append(
                 Component(
                     name=name,
                     recorded=sum(p.recorded for p in parts),
                     billed=sum(p.billed for p in parts),
-                    recorded_qty=sum(p.recorded_qty for p in parts),
-                    billed_qty=sum(billed_qty) if billed_qty else None,
-                    unit=unit,
+                    recorded_qty=sum(p.recorded_qty for p in parts) if same else 0.0,
+                    billed_qty=sum(billed_qty) if billed_qty and same else None,
+                    unit=units.pop() if len(units) == 1 else unit,
                 )
             )
         return out
-
-
-def job_cost_from(attempts: tuple[AttemptReconciliation, ...]) -> JobCost:
-    recorded = sum(a.recorded for a in attempts)
-    billed = sum(a.billed for a in attempts)
-    invoiced = bool(attempts) and all(a.status != Status.PENDING for a in attempts)
-    invoiced = invoiced and any(a.charges for a in attempts)
-    return JobCost(
-        billed if invoiced else recorded, "invoiced" if invoiced else "estimated", recorded, billed
-    )
 
 
 def reconcile_job(
@@ -509,7 +540,8 @@ def reconcile_job(
     covered: datetime | None = None,
     attempts=None,
 ) -> JobReconciliation:
-    """Every rented attempt of JOB reconciled, the job's cost basis and its savings."""
+    """Every rented attempt of JOB reconciled, its cost (``billing.cost``: the same the other
+    surfaces show) and its savings."""
     tolerance = tolerance or Tolerance.from_settings()
     if covered is None:
         covered = covered_until(job.team)
@@ -518,7 +550,7 @@ def reconcile_job(
     rows = tuple(
         reconcile_attempt(a, now=now, tolerance=tolerance, covered=covered) for a in attempts
     )
-    cost = job_cost_from(rows)
+    cost = cost_of([r.attempt for r in rows], now=now, covered=covered)
     machine_h, training_h = machine_and_training_hours([r.attempt for r in rows], now=now)
     return JobReconciliation(
         job,
@@ -526,11 +558,6 @@ def reconcile_job(
         cost,
         savings(job.team, cost=cost.amount, machine_h=machine_h, training_h=training_h),
     )
-
-
-def job_cost(job, *, now: datetime | None = None) -> JobCost:
-    """The cost the portal shows for JOB: invoiced once reconciled, else the estimate."""
-    return reconcile_job(job, now=now or timezone.now()).cost
 
 
 @dataclass
@@ -588,14 +615,13 @@ def period_bounds(start: date, end: date) -> tuple[datetime, datetime]:
     )
 
 
-def reconcile_period(
-    team, start: date, end: date, *, now: datetime, tolerance: Tolerance | None = None
-) -> PeriodReport:
-    """Every job with an attempt rented in [START, END] (UTC days), and the unmatched charges
-    of those days."""
+def reconcile_between(
+    team, lo: datetime, hi: datetime, *, now: datetime, tolerance: Tolerance | None = None
+) -> list[JobReconciliation]:
+    """Every job of TEAM with an attempt rented in [LO, HI), those attempts reconciled (the
+    savings report of any window: the finance period, a status page's days), newest first."""
     tolerance = tolerance or Tolerance.from_settings()
     covered = covered_until(team)
-    lo, hi = period_bounds(start, end)
     attempts = (
         Attempt.objects.filter(job__team=team, rented_at__gte=lo, rented_at__lt=hi)
         .select_related("job", "job__team")
@@ -605,12 +631,21 @@ def reconcile_period(
     by_job: dict[int, list] = {}
     for attempt in attempts:
         by_job.setdefault(attempt.job_id, []).append(attempt)
+    jobs = [
+        reconcile_job(mine[0].job, now=now, tolerance=tolerance, covered=covered, attempts=mine)
+        for mine in by_job.values()
+    ]
+    return sorted(jobs, key=lambda j: j.job.created_at, reverse=True)
+
+
+def reconcile_period(
+    team, start: date, end: date, *, now: datetime, tolerance: Tolerance | None = None
+) -> PeriodReport:
+    """Every job with an attempt rented in [START, END] (UTC days), and the unmatched charges
+    of those days."""
     report = PeriodReport(team, start, end)
-    for mine in by_job.values():
-        report.jobs.append(
-            reconcile_job(mine[0].job, now=now, tolerance=tolerance, covered=covered, attempts=mine)
-        )
-    report.jobs.sort(key=lambda j: j.job.created_at, reverse=True)
+    lo, hi = period_bounds(start, end)
+    report.jobs = reconcile_between(team, lo, hi, now=now, tolerance=tolerance)
     report.unmatched = list(
         Charge.objects.filter(team=team, attempt__isnull=True, day__gte=start, day__lte=end)
         .prefetch_related("items")
@@ -623,10 +658,11 @@ def reconcile_period(
 
 
 def flag_discrepancies(team, *, now: datetime, tolerance: Tolerance | None = None) -> int:
-    """Keep one ``DiscrepancyFlag`` per flagged attempt and per unmatched charge, and write an
-    ``invoice_discrepancy`` event when an attempt's flag is first created (never again).
-    Returns how many flags were created. Unmatched charges have no job, so no job event:
-    finance sees them in the period summary."""
+    """Keep one ``DiscrepancyFlag`` per flagged attempt, per unmatched charge and per UTC day
+    and month whose matched attempts add up outside the tolerance (``flag_periods``), and write
+    an ``invoice_discrepancy`` event when an attempt's flag is first created (never again).
+    Returns how many flags were created. Unmatched charges and periods have no job, so no job
+    event: finance sees them in the period summary."""
     tolerance = tolerance or Tolerance.from_settings()
     covered = covered_until(team)
     since = now - timedelta(days=settings.INVOICE_LOOKBACK_DAYS)
@@ -635,9 +671,10 @@ def flag_discrepancies(team, *, now: datetime, tolerance: Tolerance | None = Non
         .select_related("job")
         .prefetch_related(charges_prefetch())
     )
-    created = 0
+    created, rows = 0, []
     for attempt in attempts:
         row = reconcile_attempt(attempt, now=now, tolerance=tolerance, covered=covered)
+        rows.append(row)
         if row.flagged:
             created += _flag_attempt(team, row, now=now)
         elif row.status == Status.MATCHED:
@@ -664,7 +701,8 @@ def flag_discrepancies(team, *, now: datetime, tolerance: Tolerance | None = Non
             },
         )
         created += new
-    return created
+    scope = PeriodScope(team, now=now, since=since, tolerance=tolerance, covered=covered)
+    return created + flag_periods(scope, rows)
 
 
 def _flag_attempt(team, row: AttemptReconciliation, *, now: datetime) -> int:
@@ -688,8 +726,8 @@ def _flag_attempt(team, row: AttemptReconciliation, *, now: datetime) -> int:
             now=now,
             kind="invoice_discrepancy",
             message=(
-                f"Attempt #{attempt.number}: Vast billed ${row.billed:.2f}, NomadGPU recorded "
-                f"${row.recorded:.2f} ({Status.LABELS[row.status]}). {row.reason}"
+                f"Attempt #{attempt.number}: Vast billed {money(row.billed)}, NomadGPU recorded "
+                f"{money(row.recorded)} ({Status.LABELS[row.status]}). {row.reason}"
             ),
             data={
                 "attempt": attempt.number,
@@ -702,6 +740,144 @@ def _flag_attempt(team, row: AttemptReconciliation, *, now: datetime) -> int:
             },
         )
     return 1
+
+
+# --- periods: small differences that add up ---------------------------------------------------
+
+PERIODS = (FlagPeriod.DAY, FlagPeriod.MONTH)
+
+
+def period_start(period: str, moment: datetime) -> date:
+    """The first UTC day of the PERIOD ("day" or "month") that MOMENT falls in."""
+    day = moment.astimezone(UTC).date()
+    return day.replace(day=1) if period == FlagPeriod.MONTH else day
+
+
+def period_end(period: str, start: date) -> date:
+    """The first UTC day after the PERIOD that begins on START."""
+    if period == FlagPeriod.DAY:
+        return start + timedelta(days=1)
+    return (start.replace(day=28) + timedelta(days=4)).replace(day=1)
+
+
+@dataclass(frozen=True)
+class PeriodTotal(Summed):
+    """A team's attempts rented in one UTC day or month that each matched within the
+    per-attempt tolerance, summed: a systematic difference too small to flag any one of them
+    adds up here. Attempts flagged on their own are left out (they are flagged already)."""
+
+    parts = "attempts"
+
+    period: str
+    start: date
+    attempts: tuple[AttemptReconciliation, ...]
+
+
+def periods_of(rows) -> set[tuple[str, date]]:
+    """(period, first day) of every UTC day and month the ROWS' attempts were rented in."""
+    return {(p, period_start(p, r.attempt.rented_at)) for r in rows for p in PERIODS}
+
+
+def period_totals(rows, periods) -> list[PeriodTotal]:
+    """The matched ROWS of each of PERIODS ((period, first day) pairs), summed per period."""
+    matched = [r for r in rows if r.status == Status.MATCHED]
+    return [
+        PeriodTotal(
+            p, start, tuple(r for r in matched if period_start(p, r.attempt.rented_at) == start)
+        )
+        for p, start in sorted(periods)
+    ]
+
+
+def period_reopens(flag: DiscrepancyFlag, total: PeriodTotal, tolerance: Tolerance) -> bool:
+    """Whether a reviewed period flag opens again: the period's difference moved on from the
+    one reviewed by more than the tolerance allows on the period's recorded amount (a month
+    reviewed on its 3rd that kept being overcharged), not by the next few attempts' cents."""
+    moved = abs(total.diff - float(flag.billed_usd - flag.recorded_usd))
+    return not tolerance.allows(total.recorded, total.recorded + moved)
+
+
+@dataclass(frozen=True)
+class PeriodScope:
+    """Where ``flag_periods`` looks: TEAM's attempts, as of NOW, the look-back starting SINCE."""
+
+    team: object
+    now: datetime
+    since: datetime
+    tolerance: Tolerance
+    covered: datetime | None
+
+
+def flag_periods(scope: PeriodScope, rows) -> int:
+    """Keep one ``DiscrepancyFlag`` per team and UTC day or month whose matched attempts add
+    up to a difference outside the tolerance (the same rule, on the period's totals), with its
+    total and the count of attempts; close one whose period adds up again. ROWS are the
+    attempts just reconciled (ended in the look-back); the rest of their periods' attempts,
+    ended before it, are reconciled here. Returns how many flags were created. The key is
+    (team, period, first day): a re-run updates that flag, never adds a second one."""
+    periods = periods_of(rows)
+    rows = [*rows, *_earlier_rows(scope, periods)]
+    return sum(_flag_period(scope, total) for total in period_totals(rows, periods))
+
+
+def _earlier_rows(scope: PeriodScope, periods) -> list[AttemptReconciliation]:
+    """The attempts rented in PERIODS that ended before the look-back, reconciled."""
+    if not periods:
+        return []
+    lo = min(start for _, start in periods)
+    hi = max(period_end(p, start) for p, start in periods)
+    attempts = Attempt.objects.filter(
+        job__team=scope.team,
+        rented_at__gte=datetime.combine(lo, time.min, tzinfo=UTC),
+        rented_at__lt=datetime.combine(hi, time.min, tzinfo=UTC),
+        ended_at__lt=scope.since,
+    ).prefetch_related(charges_prefetch())
+    return [
+        reconcile_attempt(a, now=scope.now, tolerance=scope.tolerance, covered=scope.covered)
+        for a in attempts
+    ]
+
+
+def _flag_period(scope: PeriodScope, total: PeriodTotal) -> int:
+    key = {"team": scope.team, "period": total.period, "period_start": total.start}
+    flag = DiscrepancyFlag.objects.filter(**key).first()
+    status = difference_status(total.recorded, total.billed, scope.tolerance)
+    if status == Status.MATCHED:
+        if flag is not None:
+            note = "the period's attempts add up within the tolerance after a later import"
+            close_open_flags(DiscrepancyFlag.objects.filter(pk=flag.pk), note=note, now=scope.now)
+        return 0
+    numbers = period_numbers(total, status, now=scope.now)
+    if flag is None:
+        _, new = DiscrepancyFlag.objects.get_or_create(
+            **key, defaults={**numbers, "created_at": scope.now}
+        )
+        return int(new)
+    if flag.status == FlagStatus.OPEN:
+        DiscrepancyFlag.objects.filter(pk=flag.pk).update(**numbers)
+    elif period_reopens(flag, total, scope.tolerance):
+        DiscrepancyFlag.objects.filter(pk=flag.pk).update(status=FlagStatus.OPEN, **numbers)
+    return 0
+
+
+def period_numbers(total: PeriodTotal, status: str, *, now: datetime) -> dict:
+    """A period flag's stored figures and its reason: the total and the count of attempts."""
+    n = len(total.attempts)
+    when = f"{total.start:%Y-%m}" if total.period == FlagPeriod.MONTH else f"{total.start}"
+    share = f" ({total.pct:+.1f} %)" if total.pct is not None else ""
+    reason = (
+        f"{n} attempt{'s' if n != 1 else ''} each within the per-attempt tolerance, "
+        f"{Status.LABELS[status]} by {money(abs(total.diff))} in total{share} "
+        f"in the UTC {total.period} {when}"
+    )
+    return {
+        "kind": status,
+        "recorded_usd": Decimal(f"{total.recorded:.4f}"),
+        "billed_usd": Decimal(f"{total.billed:.4f}"),
+        "attempts_count": n,
+        "reason": reason[:300],
+        "updated_at": now,
+    }
 
 
 def close_open_flags(flags, *, note: str, now: datetime) -> int:

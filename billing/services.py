@@ -8,11 +8,13 @@ the per-member monthly limit over the jobs a member submitted. Spend comes from 
 recorded rates (``billing.spend``), clipped to each period.
 
 The pre-flight estimate is the selection's cost model (``hosts.selection.estimate_cost``)
-on a reference host, not a market search: submitting must not depend on the provider
-answering, and the cheapest host is not known until the rent. The reference host is the
-profile's reference GPU at ``BUDGET_ESTIMATE_DPH`` $/h per GPU (default 0.40, an RTX 4090 at
-the field report's prices), the job's disk at $0.15/GB/month, free traffic, and the job's
-minimum bandwidth, running at the profile's reference seconds per step.
+before any market search (``jobs.market_terms.reference_cost``: the cheapest of the offers
+the newest rent of the job's shape weighed, priced again with what is measured now; else the
+host its rents paid for; else the profile's reference GPU at ``BUDGET_ESTIMATE_DPH`` $/h per
+GPU): submitting must not depend on the provider answering, and the cheapest host is not
+known until the rent. The job's terms come
+from the same translation the rent uses (``market_terms.estimate_for``: ``requirements_for``,
+``profile_for`` corrected by what the shape's runs measured, ``jobs.measured``).
 """
 
 from __future__ import annotations
@@ -22,17 +24,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from django.conf import settings
 from django.db.models import Q
 
 from billing.models import BudgetPause, BudgetReservation, LimitKind, TeamBudget
 from billing.periods import period_bounds
 from billing.spend import burn_rate_per_hour, job_spend, spend_between
-from hosts import selection
-from hosts.vast import Offer
+from jobs.market_terms import RentDecision, StoredSpecInvalid, estimate_for
 from jobs.models import Attempt, Job, JobState
-from jobs.renting import profile_for, requirements_for
 from jobs.spending import ALLOW, Verdict
+from nomadgpu.humanize import money, share
 
 ACTIVE_JOB_STATES = (
     JobState.QUEUED,
@@ -42,7 +42,6 @@ ACTIVE_JOB_STATES = (
     JobState.RECOVERING,
 )
 WARN_AT = 0.8
-STORAGE_USD_PER_GB_MONTH = 0.15
 # A job waiting for budget (queued to start when it allows, or refused a rent) looks again
 # this often: a new period or a raised limit is picked up within a minute.
 RECHECK_S = 60
@@ -68,7 +67,8 @@ class LimitStatus:
 
     @property
     def label(self) -> str:
-        return f"{LimitKind(self.kind).label} limit ${self.limit_usd}"
+        """ "daily limit $0.0800" (``limit_label``)."""
+        return limit_label(self.kind, self.limit_usd)
 
     def key(self) -> str:
         """Names this limit in this period (one warning each)."""
@@ -87,7 +87,20 @@ class LimitStatus:
         return jobs.values_list("pk", flat=True)
 
     def describe(self) -> str:
-        return f"{self.label}: ${self.spent_usd:.2f} spent ({self.ratio:.0%})"
+        """ "daily limit $0.0800: $0.0792 spent (99 %)", the share computed from the amounts
+        as written (``humanize.share``)."""
+        spent = money(self.spent_usd)
+        return f"{self.label}: {spent} spent ({share(self.spent_usd, self.limit_usd)})"
+
+    def used(self) -> str:
+        """ "99 % of the daily limit $0.0800 used ($0.0792)": the warning's sentence."""
+        pct = share(self.spent_usd, self.limit_usd)
+        return f"{pct} of the {self.label} used ({money(self.spent_usd)})"
+
+
+def limit_label(kind: str, limit_usd) -> str:
+    """A limit as messages and the banner name it: "daily limit $0.0800", "job limit $1.00"."""
+    return f"{LimitKind(kind).label} limit {money(limit_usd)}"
 
 
 def team_limits(team) -> TeamBudget | None:
@@ -178,63 +191,36 @@ def statuses_for_job(job: Job, *, now: datetime) -> list[LimitStatus]:
 
 
 def estimate_remaining_usd(job: Job) -> float:
-    """The selection's cost model for the rest of JOB on the reference host (module docstring)."""
-    req, profile = requirements_for(job), profile_for(job)
-    dph = float(settings.BUDGET_ESTIMATE_DPH) * req.num_gpus
-    offer = Offer(
-        id=0,
-        machine_id=None,
-        host_id=None,
-        gpu_name=profile.reference_gpu,
-        num_gpus=req.num_gpus,
-        gpu_ram_gb=None,
-        gpu_total_ram_gb=None,
-        cpu_cores_effective=None,
-        cpu_ram_gb=None,
-        disk_space_gb=None,
-        cuda_max_good=None,
-        compute_cap=None,
-        dph_base=dph,
-        dph_total=None,
-        min_bid=None,
-        storage_usd_per_gb_hour=STORAGE_USD_PER_GB_MONTH / 720,
-        download_usd_per_gb=0.0,
-        upload_usd_per_gb=0.0,
-        inet_down_mbps=req.min_inet_down_mbps or 500.0,
-        inet_up_mbps=None,
-        reliability=1.0,
-        verified=True,
-        datacenter=False,
-        dlperf=None,
-        geolocation=None,
-    )
-    speeds = selection.SpeedBook(
-        by_model={profile.reference_gpu: profile.reference_seconds_per_step}
-    )
-    return selection.estimate_cost(offer, profile, speeds, req).total_usd
+    """The selection's cost model for the rest of JOB on the reference host, with what its
+    shape's earlier runs measured (module docstring)."""
+    return estimate_for(job).total_usd
 
 
-def projected_total(job, *, now: datetime) -> float:
+def projected_total(job, *, now: datetime) -> float | None:
     """Dollars JOB will have cost when it finishes: spend so far plus the rest of the run.
 
     The rest is priced with the live attempt's rates and speed (observed seconds per step,
     else the selection decision's estimate) for the steps still ahead, plus the decision's
     upload cost for that share. Without a live attempt (queued, paused) the rest comes from
-    ``estimate_remaining_usd``, the same estimate the pre-flight uses.
+    ``estimate_remaining_usd``, the same estimate the pre-flight uses; None when the job's
+    stored spec no longer validates (nothing prices the rest until it is fixed).
     """
     so_far = job_spend(job, now=now).total
     if job.state in ("succeeded", "failed", "cancelled"):
         return so_far
     live = job.attempts.live().exclude(rented_at=None).order_by("-number").first()
     if live is None:
-        return so_far + estimate_remaining_usd(job)
-    cost = (live.decision or {}).get("chosen", {}).get("cost", {})
-    spp = live.seconds_per_step or cost.get("seconds_per_step") or 0.0
+        try:
+            return so_far + estimate_remaining_usd(job)
+        except StoredSpecInvalid:
+            return None
+    planned = RentDecision.of(live)
+    spp = live.seconds_per_step or planned.seconds_per_step or 0.0
     total_steps = job.total_steps or live.total_steps or 0
     left = max(total_steps - (live.step or live.resumed_from_step or 0), 0)
     rate = live.dph_base + live.storage_usd_per_gb_hour * live.disk_gb
-    planned_steps = cost.get("steps_remaining") or 0
-    upload = cost.get("upload_usd", 0.0) * (left / planned_steps if planned_steps else 0.0)
+    planned_steps = planned.steps_planned
+    upload = planned.upload_usd * (left / planned_steps if planned_steps else 0.0)
     return so_far + rate * left * spp / 3600.0 + upload
 
 
@@ -263,10 +249,10 @@ def estimate_blocker(job: Job, estimate_usd: float, *, now: datetime) -> str | N
     for status in statuses_for_job(job, now=now):
         held = _held_by_others(status, job, now=now)
         if status.spent_usd + held + estimate_usd > float(status.limit_usd):
-            others = f" + ${held:.2f} reserved by running jobs" if held else ""
+            others = f" + {money(held)} reserved by running jobs" if held else ""
             return (
-                f"estimated cost ${estimate_usd:.2f} would cross the {status.label}: "
-                f"${status.spent_usd:.2f} spent{others}"
+                f"estimated cost {money(estimate_usd)} would cross the {status.label}: "
+                f"{money(status.spent_usd)} spent{others}"
             )
     return None
 
@@ -320,7 +306,7 @@ def resume_blocker(job: Job, *, now: datetime) -> str | None:
     estimated to cross one (the rent reservation would hold it in the queue otherwise)."""
     for status in statuses_for_job(job, now=now):
         if status.spent_usd >= float(status.limit_usd):
-            return f"the {status.label} is still reached (${status.spent_usd:.2f} spent)"
+            return f"the {status.label} is still reached ({money(status.spent_usd)} spent)"
     return estimate_blocker(job, estimate_remaining_usd(job), now=now)
 
 

@@ -12,6 +12,8 @@ Moments used:
 - GPU: ``registered_at`` (the container runs the onstart script, so the agent's first call
   marks the start of ``running``) until the same end. The image pull before it is billed
   storage only, like Vast's ``loading``;
+- neither GPU nor storage while the host was offline and a job waited for it (Vast bills
+  no GPU and no storage for an offline host's period): ``offline_hours``;
 - traffic, priced per 1024³ bytes each way, is *measured* (``traffic_bytes``): the container's
   counters (``net_rx_bytes``/``net_tx_bytes``: every byte since the agent started, the training
   command's downloads included) or the agent's own object counters, whichever is larger (an
@@ -38,6 +40,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from datetime import datetime
+
+from jobs.market_terms import RentDecision
 
 GB = 1024**3
 
@@ -71,8 +75,7 @@ def _hours(start: datetime | None, end: datetime) -> float:
 
 def image_pull_bytes(attempt) -> int:
     """The image pull as priced when ATTEMPT was rented (0 without a rent decision)."""
-    profile = (attempt.decision or {}).get("profile") or {}
-    return int(float(profile.get("image_gb") or 0.0) * GB)
+    return int(RentDecision.of(attempt).image_gb * GB)
 
 
 def traffic_bytes(attempt) -> tuple[int, int]:
@@ -94,6 +97,16 @@ def traffic_usd(attempt, *, invoiced: bool = True) -> tuple[float, float]:
     return max(measured[0], billed[0]), max(measured[1], billed[1])
 
 
+def offline_hours(attempt, end: datetime) -> float:
+    """Hours ATTEMPT's host was offline while its job waited for it, up to END: the spells
+    it came back from (``offline_s``) and the one still open (``offline_since``)."""
+    seconds = attempt.offline_s or 0.0
+    since = attempt.offline_since
+    if since is not None and since < end:
+        seconds += (end - since).total_seconds()
+    return seconds / 3600
+
+
 def attempt_spend(attempt, *, now: datetime, invoiced: bool = True) -> Spend:
     """What ATTEMPT has cost up to NOW (or up to its end, if it ended before NOW); INVOICED
     False leaves billed traffic out (reconciliation's recorded side)."""
@@ -101,9 +114,12 @@ def attempt_spend(attempt, *, now: datetime, invoiced: bool = True) -> Spend:
         return Spend()
     end = min(attempt.ended_at, now) if attempt.ended_at else now
     download, upload = traffic_usd(attempt, invoiced=invoiced)
+    offline = offline_hours(attempt, end)
+    gpu_h = max(_hours(attempt.registered_at, end) - offline, 0.0)
+    storage_h = max(_hours(attempt.rented_at, end) - offline, 0.0)
     return Spend(
-        gpu=attempt.dph_base * _hours(attempt.registered_at, end),
-        storage=attempt.storage_usd_per_gb_hour * attempt.disk_gb * _hours(attempt.rented_at, end),
+        gpu=attempt.dph_base * gpu_h,
+        storage=attempt.storage_usd_per_gb_hour * attempt.disk_gb * storage_h,
         download=download,
         upload=upload,
     )

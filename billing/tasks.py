@@ -1,18 +1,26 @@
-"""Celery tasks of billing: thin, safe to run twice. (The budget pass is ``jobs.tasks``'s:
-jobs acts on billing's verdicts.)"""
+"""Celery tasks of billing: thin, safe to run twice."""
 
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 from celery import shared_task
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
-from billing import invoices, reconcile
+from billing import enforce, invoices, reconcile
 from nomadgpu.models import Team
 
 logger = logging.getLogger(__name__)
+
+
+@shared_task(ignore_result=True)
+def enforce_budgets() -> dict:
+    """One budget pass (``enforce.budget_pass``): beat's ``budget-enforce``, at the watchdog's
+    cadence, and once when a worker starts (``billing.apps``)."""
+    return enforce.budget_pass(now=timezone.now())
 
 
 @shared_task(ignore_result=True)
@@ -41,3 +49,9 @@ def sync_team_invoices(team_id: int) -> dict:
     flags = reconcile.flag_discrepancies(team, now=now)
     logger.info("invoices of %s: %s, %d new flags", team.slug, result, flags)
     return {**result.__dict__, "flags": flags}
+
+
+def queue_team_import(team_id: int) -> None:
+    """Send TEAM_ID's ``sync_team_invoices`` (the task the beat fans out) once the current
+    transaction commits: finance's "Import now" runs the same idempotent import as the beat."""
+    transaction.on_commit(partial(sync_team_invoices.delay, team_id))

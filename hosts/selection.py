@@ -7,13 +7,15 @@ The cost model (``estimate_cost``), in the units of ``hosts.vast`` (GB = GiB = 1
 unit traffic is priced in; bandwidth in Mbit/s; prices per hour / per GB / per GB-hour):
 
 =================  ============================================================================
-start-up           ``image_pull_h``     image size / inet_down (Vast state ``loading``)
+start-up           ``image_pull_h``     image size / inet_down (Vast state ``loading``), x (1 - the
+                                        chance the machine kept the image: ``ImageCache``)
                    ``model_download_h`` model (+ checkpoint when resuming) / inet_down
-                   ``container_start_h`` fixed overhead (``JobProfile.container_start_s``)
+                   ``container_start_h`` fixed overhead (``JobProfile.container_start_s``;
+                   once measured, ``start_s``, which holds the command's downloads too)
 training           ``train_h``          (steps_total - steps_done) * seconds per step
 GPU                ``dph_base`` * (model download + container start + training)
 storage            storage $/GB/h * ``Requirements.disk_gb`` * (start-up + training)
-traffic            (image + model [+ checkpoint]) GB * download $/GB
+traffic            (image x (1 - that chance) + model [+ checkpoint]) GB * download $/GB
                    + upload_gb * remaining share of the run * upload $/GB
 =================  ============================================================================
 
@@ -89,6 +91,9 @@ class Requirements:
     23.99 GiB, so ask for what the model needs, not for the card's nominal size.
     ``num_gpus`` is matched exactly: extra GPUs would be billed and sit idle.
     ``disk_gb`` is the disk to allocate, which is also the storage billed.
+    ``rental`` has no default: how to rent is the product's choice, made once in ``JobSpec``
+    (``jobs.market_terms`` gives every field from there); the defaults below only save tests
+    and benchmarks typing, and never stand in for a job's own value.
     """
 
     gpu_names: tuple[str, ...] = ()  # empty: any model
@@ -102,7 +107,7 @@ class Requirements:
     datacenter_only: bool = False
     max_dph: float | None = None  # $/h, compared with dph_total (GPU + this job's storage)
     avoid_machine_ids: frozenset[int] = frozenset()
-    rental: str = "on-demand"  # "on-demand" | "interruptible" | "auto" (JobSpec's default)
+    rental: str = field(kw_only=True)  # "on-demand" | "interruptible" | "auto"
     max_bid_dph: float | None = None  # the highest bid $/h an interruptible rental may place
     bid_margins: tuple[float, ...] = ()  # the margins over min_bid to weigh; empty: BID_MARGINS
 
@@ -333,6 +338,8 @@ class JobProfile:
     ``reference_gpu`` model (field report: 4 s/step on one RTX 4090). ``upload_gb`` is what the
     whole run uploads (checkpoints); a resumed run is charged its remaining share.
     ``checkpoint_gb`` is downloaded before resuming (only when ``steps_done`` > 0).
+    A job's profile is given every field by ``jobs.market_terms`` from ``JobSpec``; the
+    defaults here are the same numbers, for tests and benchmarks.
     """
 
     image_gb: float
@@ -348,6 +355,13 @@ class JobProfile:
     # "script" or "auto" (the supervisor also asks, jobs.checkpoint_interval); the cost model
     # does not read it: it rides along in the job's profile.
     checkpoint: str = "script"
+    # Measured on earlier runs of the job (``jobs.measured``), None until then: the GPU-billed
+    # seconds a run spends besides its steps (agent start, setup, the command's own downloads,
+    # the last upload, exit), in place of ``container_start_s`` and of the model download at
+    # the offer's bandwidth (its traffic is still priced from ``model_gb``); and the seconds
+    # from rent to container up, in place of the image at the offer's bandwidth.
+    start_s: float | None = None
+    pull_s: float | None = None
 
     @property
     def steps_remaining(self) -> int:
@@ -362,6 +376,26 @@ class JobProfile:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready."""
         return asdict(self)
+
+
+# Several GPUs of one host (issue 31). The same command on N GPUs instead of M: data parallel
+# as ``torchrun``/``accelerate`` and HF ``Trainer`` run it, each GPU its own per-device batch,
+# so a step does N/M times the work on N/M times the GPUs and takes as long, less what the
+# gradient all-reduce costs: each doubling of the GPUs keeps ``MULTI_GPU_EFFICIENCY`` of the
+# per-GPU throughput, the rule the market file's DLPerf of an n-GPU offer follows
+# (shared/market/README.md: per-GPU DLPerf x n x 0.95^log2(n)). A script that splits a fixed
+# global batch instead trains faster per step than this says: the estimate errs on the dear
+# side, as the budget wants. Used only where no run measured the job's own GPU count.
+MULTI_GPU_EFFICIENCY = 0.95
+
+
+def seconds_per_step_at(spp: float, *, measured_gpus: int, num_gpus: int) -> float:
+    """Seconds per step of the same command on NUM_GPUS GPUs, from SPP measured on
+    MEASURED_GPUS GPUs of the same model (``MULTI_GPU_EFFICIENCY``): 2 s on one GPU reads
+    2.22 s on four, 1.80 s back on one from 2 s on four."""
+    if measured_gpus <= 0 or num_gpus <= 0 or measured_gpus == num_gpus:
+        return spp
+    return spp / MULTI_GPU_EFFICIENCY ** math.log2(num_gpus / measured_gpus)
 
 
 def _per_gpu_dlperf(offer: Offer) -> float | None:
@@ -458,6 +492,9 @@ class CostBreakdown:
     download_usd: float
     upload_usd: float
     total_usd: float
+    # The chance the machine still holds the job's image from an earlier rental (``ImageCache``):
+    # the pull above is already (1 - this) x the whole pull.
+    image_cached_chance: float = 0.0
 
     @property
     def wall_h(self) -> float:
@@ -472,6 +509,49 @@ class CostBreakdown:
 def transfer_hours(gb: float, mbps: float) -> float:
     """Hours to move ``gb`` GiB over a link of ``mbps`` Mbit/s."""
     return gb * BYTES_PER_GB * 8 / (mbps * BITS_PER_MBIT) / SECONDS_PER_HOUR
+
+
+def startup_hours(
+    profile: JobProfile, mbps: float, *, resuming: bool
+) -> tuple[float, float, float]:
+    """(image pull, downloads on the GPU's time, container start) in hours at MBPS: the
+    profile's sizes at that bandwidth and its typed start, or what was measured (its
+    ``start_s`` holds the command's downloads; a resume's checkpoint still comes at MBPS)."""
+    restore_gb = profile.checkpoint_gb if resuming else 0.0
+    if profile.start_s is None:
+        fetch_h = transfer_hours(profile.model_gb + restore_gb, mbps)
+        start_h = profile.container_start_s / SECONDS_PER_HOUR
+    else:
+        fetch_h = transfer_hours(restore_gb, mbps)
+        start_h = profile.start_s / SECONDS_PER_HOUR
+    if profile.pull_s is None:
+        return transfer_hours(profile.image_gb, mbps), fetch_h, start_h
+    return profile.pull_s / SECONDS_PER_HOUR, fetch_h, start_h
+
+
+@dataclass(frozen=True)
+class ImageCache:
+    """The chance each machine still holds the job's image, pulled there by an earlier rental:
+    ``BY_MACHINE`` maps a machine id to it (``jobs.image_cache.image_cached_odds`` decides it
+    from the team's history); a machine not in it never pulled the image (chance 0).
+
+    Only the image: Vast deletes an instance's disk with it (vast-ai/docs
+    ``guides/instances/storage/types.mdx``), so a new instance never finds the model or a
+    checkpoint there, whatever an earlier one downloaded. Image layers live in the host's
+    Docker and outlast the instance (``hosts/sandbox/image_cache.py`` has the sources).
+    """
+
+    by_machine: Mapping[int, float] = field(default_factory=dict)
+    words: Mapping[int, str] = field(default_factory=dict)  # where each chance came from
+
+    def chance(self, machine_id: int | None) -> float:
+        """The chance MACHINE_ID still holds the image (0 for one that never pulled it)."""
+        if machine_id is None:
+            return 0.0
+        return min(max(float(self.by_machine.get(machine_id, 0.0)), 0.0), 1.0)
+
+
+NO_IMAGE_CACHE = ImageCache()
 
 
 def _billing_inputs(offer: Offer) -> tuple[float, float, float, float, float]:
@@ -494,9 +574,12 @@ def estimate_cost(
     req: Requirements,
     *,
     gpu_usd_per_hour: float | None = None,
+    images: ImageCache = NO_IMAGE_CACHE,
 ) -> CostBreakdown:
     """Expected total cost of the rest of the job on ``offer`` (see the module docstring), with
-    no interruption, at the offer's ``dph_base`` or at GPU_USD_PER_HOUR (a bid).
+    no interruption, at the offer's ``dph_base`` or at GPU_USD_PER_HOUR (a bid). On a machine
+    that may still hold the image (IMAGES), the pull and its traffic are priced at (1 - that
+    chance) of a whole pull: a host that kept the image starts the container at once.
 
     Raises ``CannotEstimate`` for an offer without prices, bandwidth or a speed estimate;
     ``filter_offers`` and ``rank_offers`` keep such offers out.
@@ -508,12 +591,13 @@ def estimate_cost(
     if gpu_usd_per_hour is not None:
         dph = gpu_usd_per_hour
     fetched_gb = profile.model_gb + (profile.checkpoint_gb if profile.steps_done > 0 else 0.0)
-    image_h, model_h = transfer_hours(profile.image_gb, mbps), transfer_hours(fetched_gb, mbps)
-    start_h = profile.container_start_s / SECONDS_PER_HOUR
+    image_h, model_h, start_h = startup_hours(profile, mbps, resuming=profile.steps_done > 0)
+    cached = images.chance(offer.machine_id)
+    image_h *= 1.0 - cached
     train_h = profile.steps_remaining * speed[0] / SECONDS_PER_HOUR
     # Vast bills the GPU from `running` on: the image pull (`loading`) is not GPU time (ref §7).
     gpu_h = model_h + start_h + train_h
-    down_gb = profile.image_gb + fetched_gb
+    down_gb = profile.image_gb * (1.0 - cached) + fetched_gb
     up_gb = profile.upload_gb * profile.share_remaining
     usd = {
         "gpu_usd": dph * gpu_h,
@@ -537,6 +621,7 @@ def estimate_cost(
         upload_gb=up_gb,
         **usd,
         total_usd=sum(usd.values()),
+        image_cached_chance=cached,
     )
 
 
@@ -578,6 +663,22 @@ def margin_bucket(margin: float) -> float:
     return min(BID_MARGINS, key=lambda m: abs(m - margin))
 
 
+def history_words(seen: int, hours: float) -> str:
+    """Where a blended λ came from, as the job page says it: "the team's 1 interruption in
+    36 min rented, weighed with a 10 h prior". Under an hour reads in minutes (a tenth of an
+    hour rounded to "0.0 h" read as if nothing was rented)."""
+    minutes = hours * 60
+    rented = (
+        f"{hours:.1f} h"
+        if hours >= 1
+        else f"{round(minutes)} min"
+        if minutes >= 1
+        else "under a minute"
+    )
+    what = "interruption" if seen == 1 else "interruptions"
+    return f"the team's {seen} {what} in {rented} rented, weighed with a {PRIOR_WEIGHT_H:g} h prior"
+
+
 @dataclass(frozen=True)
 class PreemptionRates:
     """Interruptions and rented hours seen, by (rental type, GPU model, margin bucket); what is
@@ -594,7 +695,7 @@ class PreemptionRates:
         if hours <= 0:
             return prior, "prior"
         blended = (seen + prior * PRIOR_WEIGHT_H) / (hours + PRIOR_WEIGHT_H)
-        return blended, f"{seen} in {hours:.1f} h seen, with the prior"
+        return blended, history_words(seen, hours)
 
 
 @dataclass(frozen=True)
@@ -664,23 +765,23 @@ def expected_cost(
     req: Requirements,
     rental: Rental,
     rates: PreemptionRates,
+    images: ImageCache = NO_IMAGE_CACHE,
 ) -> RentalCost | None:
     """Expected total cost of the rest of the job on OFFER rented as RENTAL: the run itself
     plus λ x expected hours interruptions, each costing detection, a new rent, the start-up
     again and half a checkpoint interval of training (module docstring). None when the offer
-    takes no such bid; an infinite total when interruptions come faster than the work."""
+    takes no such bid; an infinite total when interruptions come faster than the work. IMAGES
+    prices this run's pull; a recovery's pull is whole (the replacement is another machine)."""
     price = rental.gpu_usd_per_hour(offer)
     if price is None:
         return None
-    base = estimate_cost(offer, profile, speeds, req, gpu_usd_per_hour=price)
+    base = estimate_cost(offer, profile, speeds, req, gpu_usd_per_hour=price, images=images)
     lam, source = rates.rate(rental.kind, offer.gpu_name or "", rental.bid_margin)
     _, storage, down_price, _, mbps = _billing_inputs(offer)
     # A resume downloads the checkpoint too, whether or not this run started from one.
     again_gb = profile.image_gb + profile.model_gb + profile.checkpoint_gb
-    image_h = transfer_hours(profile.image_gb, mbps)
-    fetch_h = transfer_hours(profile.model_gb + profile.checkpoint_gb, mbps)
+    image_h, fetch_h, start_h = startup_hours(profile, mbps, resuming=True)
     redo_h = checkpoint_interval_h(profile, base.seconds_per_step) / 2
-    start_h = base.container_start_h
     wait_h = (DETECTION_S + RENT_S) / SECONDS_PER_HOUR
     rework_h = wait_h + image_h + fetch_h + start_h + redo_h
     gpu_h = fetch_h + start_h + redo_h  # the pull is not GPU time; waiting bills nothing
@@ -730,12 +831,13 @@ def best_rental(
     speeds: SpeedBook,
     req: Requirements,
     rates: PreemptionRates,
+    images: ImageCache = NO_IMAGE_CACHE,
 ) -> RentalCost | None:
     """The cheapest expected way to rent OFFER under REQ, or None when REQ allows none."""
     costs = [
         cost
         for rental in rentals_to_weigh(offer, req)
-        if (cost := expected_cost(offer, profile, speeds, req, rental, rates)) is not None
+        if (cost := expected_cost(offer, profile, speeds, req, rental, rates, images)) is not None
     ]
     # Interruptions faster than the work give an infinite total: such a way ranks last, but
     # an offer whose every way is infinite (a run of thousands of hours) is still an offer.
@@ -753,7 +855,14 @@ class OutbidChoice:
     @property
     def why(self) -> str:
         """One line for the job's timeline."""
-        verb = f"raise the bid to ${self.raise_to:.4f}/h" if self.raise_to else "move"
+        # Staying restarts the same instance, whose disk Vast keeps: the one place where the
+        # model is on disk (a new instance's disk starts empty; ``ImageCache``).
+        verb = (
+            f"raise the bid to ${self.raise_to:.4f}/h (the same instance: image cached, "
+            "model on disk)"
+            if self.raise_to
+            else "move"
+        )
         return f"{verb}: staying ${self.stay_usd:.3f} vs moving ${self.move_usd:.3f} expected"
 
 
@@ -800,58 +909,6 @@ def outbid_choice(
     if price >= cap or stay >= move:
         return OutbidChoice(None, stay, move)
     return OutbidChoice(price, stay, move)
-
-
-def outbid_choice_from_decision(
-    decision: Mapping[str, Any],
-    *,
-    machine_id: int | None,
-    steps_left: int,
-    seconds_per_step: float | None,
-    bid_margin: float,
-    new_min_bid: float | None,
-    max_bid_dph: float | None,
-    rates: PreemptionRates,
-) -> OutbidChoice:
-    """``outbid_choice`` with the numbers an attempt's stored decision (``Decision.as_dict``)
-    holds: the move is its best candidate on another machine (its price, speed, rework
-    without the half interval, which both sides redo alike, and rate), else this offer on
-    demand; staying restarts the container and faces the rate of a bid at this margin."""
-    chosen = decision.get("chosen", {})
-    offer, cost = chosen.get("offer", {}), chosen.get("cost", {})
-    rental = chosen.get("rental") or decision.get("rental") or {}
-    stay_spp = seconds_per_step or cost.get("seconds_per_step") or 0.0
-    gpu = offer.get("gpu_name") or ""
-    on_demand = offer.get("dph_base")
-    others = [
-        c
-        for c in decision.get("candidates", [])
-        if c.get("offer", {}).get("machine_id") != machine_id and c.get("rental")
-    ]
-    if others:
-        move, move_cost = others[0]["rental"], others[0]["cost"]
-        move_price = move["gpu_usd_per_hour"]
-        move_rate = move.get("preemptions_per_h") or 0.0
-        move_spp = move_cost.get("seconds_per_step") or stay_spp
-    else:  # no other machine was ranked: a machine like this one, on demand, stands in
-        move, move_price, move_spp = rental, on_demand or math.inf, stay_spp
-        move_rate = rates.rate(ON_DEMAND, gpu)[0]
-    redone_usd = (move.get("gpu_usd_per_hour") or 0.0) * (move.get("redo_h") or 0.0)
-    move_rework = max((move.get("rework_usd") or 0.0) - redone_usd, 0.0)
-    caps = [c for c in (max_bid_dph, on_demand) if c]
-    return outbid_choice(
-        steps_left=steps_left,
-        stay_seconds_per_step=stay_spp,
-        new_min_bid=new_min_bid,
-        bid_margin=bid_margin,
-        stay_outbids_per_h=rates.rate(INTERRUPTIBLE, gpu, bid_margin)[0],
-        restart_h=cost.get("container_start_h") or 0.0,
-        cap_usd_per_hour=min(caps) if caps else None,
-        move_usd_per_hour=move_price,
-        move_seconds_per_step=move_spp,
-        move_interruptions_per_h=move_rate,
-        move_rework_usd=move_rework,
-    )
 
 
 # --- Ranking and the decision -----------------------------------------------------------------
@@ -914,6 +971,7 @@ def _rank_with_rejections(
     profile: JobProfile,
     speeds: SpeedBook | None,
     rates: PreemptionRates | None = None,
+    images: ImageCache = NO_IMAGE_CACHE,
 ) -> tuple[list[Ranked], list[Rejection]]:
     book = (speeds or SpeedBook()).with_market(offers, req.num_gpus)
     rates = rates or PreemptionRates()
@@ -924,7 +982,7 @@ def _rank_with_rejections(
             detail = f"no observed speed and no DLPerf for {offer.gpu_name or 'unknown GPU'}"
             rejected.append(Rejection(offer.id, offer.machine_id, RULE_UNKNOWN_SPEED, detail))
             continue
-        rental = best_rental(offer, profile, book, req, rates)
+        rental = best_rental(offer, profile, book, req, rates, images)
         if rental is None:
             detail = "takes no bid (no min_bid), or none under max_bid_dph"
             rejected.append(Rejection(offer.id, offer.machine_id, NOT_BIDDABLE, detail))
@@ -942,14 +1000,17 @@ def rank_offers(
     profile: JobProfile,
     speeds: SpeedBook | None = None,
     rates: PreemptionRates | None = None,
+    *,
+    images: ImageCache = NO_IMAGE_CACHE,
 ) -> list[Ranked]:
     """Offers meeting ``req``, cheapest expected total cost of the job first, each rented the
-    cheapest way ``req.rental`` allows (RATES: the team's interruption history).
+    cheapest way ``req.rental`` allows (RATES: the team's interruption history; IMAGES: the
+    machines that may still hold the job's image).
 
     DLPerf estimates are calibrated on all of ``offers`` (``SpeedBook.with_market``), so pass
     the whole search result, not a pre-filtered slice.
     """
-    return _rank_with_rejections(offers, req, profile, speeds, rates)[0]
+    return _rank_with_rejections(offers, req, profile, speeds, rates, images)[0]
 
 
 @dataclass(frozen=True)
@@ -1004,11 +1065,12 @@ def choose_offer(
     *,
     rates: PreemptionRates | None = None,
     top_n: int = DEFAULT_TOP_N,
+    images: ImageCache = NO_IMAGE_CACHE,
 ) -> Decision | None:
     """The offer with the lowest expected total cost of the job, rented the cheapest way
     ``req.rental`` allows, or None when none qualifies. The decision keeps the chosen offer's
     other rentals (on-demand, the other bid margins) with their expected totals."""
-    ranked, rejected = _rank_with_rejections(offers, req, profile, speeds, rates)
+    ranked, rejected = _rank_with_rejections(offers, req, profile, speeds, rates, images)
     if not ranked:
         return None
     by_rule = Counter(r.rule for r in rejected)
@@ -1020,7 +1082,7 @@ def choose_offer(
         if rental != chosen.rental.rental
         and (
             cost := expected_cost(
-                chosen.offer, profile, book, req, rental, rates or PreemptionRates()
+                chosen.offer, profile, book, req, rental, rates or PreemptionRates(), images
             )
         )
         is not None

@@ -1,12 +1,68 @@
 from __future__ import annotations
 
+from django import forms
 from django.contrib import admin
 from django.utils import timezone
 
-from jobs import lifecycle
-from jobs.models import Attempt, Checkpoint, Interruption, Job, JobEvent, LossPoint
+from jobs import attention, job_secrets, lifecycle
+from jobs.models import (
+    Attempt,
+    Checkpoint,
+    Interruption,
+    Job,
+    JobEvent,
+    JobState,
+    LossPoint,
+    StagedObject,
+    WorkdirPack,
+)
+from jobs.spec import RESOLVED_AT_SUBMIT, JobSpec, MissingSecret, ValidationError, check_team_refs
 from jobs.spending import BudgetExceeded
 from nomadgpu.admin_scoping import TeamScopedAdmin
+
+# The workdir is stored as submit resolved it (a git ref's commit): shown, not edited.
+SPEC_FIELDS = tuple(name for name in JobSpec.model_fields if name not in RESOLVED_AT_SUBMIT)
+
+
+def spec_error_text(error: dict) -> str:
+    """One pydantic error as the admin shows it under its field: "requirements: unknown key
+    'gpu_name'", "requirements.num_gpus: Input should be less than or equal to 16"."""
+    loc = [str(part) for part in error["loc"]]
+    if error["type"] == "extra_forbidden":
+        return f"{'.'.join(loc[:-1]) or 'spec'}: unknown key {loc[-1]!r}"
+    return f"{'.'.join(loc)}: {error['msg']}"
+
+
+class JobAdminForm(forms.ModelForm):
+    """A job edited here passes the same ``JobSpec`` as one submitted by the form, the API or
+    the CLI (``jobs.spec``): a typo'd key in ``requirements`` is refused under its field, not
+    stored for the rent loop to trip over. What is saved is the spec's normalised data."""
+
+    class Meta:
+        model = Job
+        # Every column but the sealed data key; JobAdmin leaves out its read-only ones too.
+        fields = [
+            f.name for f in Job._meta.fields if f.editable and f.name not in ("id", "data_key")
+        ]
+
+    def clean(self):
+        data = super().clean()
+        present = {name: data[name] for name in SPEC_FIELDS if name in data}
+        if len(present) < len(SPEC_FIELDS):
+            return data  # a field failed its own check first: its error is already shown
+        try:
+            spec = JobSpec.model_validate(present)
+            if data.get("team") is not None:
+                check_team_refs(spec, team=data["team"])  # as at submit: the team has them
+        except ValidationError as exc:
+            for error in exc.errors():
+                field = str(error["loc"][0]) if error["loc"] else None
+                self.add_error(field if field in self.fields else None, spec_error_text(error))
+            return data
+        except MissingSecret as exc:
+            self.add_error(exc.field, str(exc))
+            return data
+        return {**data, **spec.job_fields()}
 
 
 class JobEventInline(admin.TabularInline):
@@ -21,6 +77,13 @@ class JobEventInline(admin.TabularInline):
 
 @admin.register(Job)
 class JobAdmin(TeamScopedAdmin):
+    """Jobs are submitted through ``jobs.spec.submit_spec`` (the portal, the API, the CLI:
+    budget check, data key, first rent) and move only through ``jobs.lifecycle``: here a job
+    is edited, cancelled or resumed, never added, and its state and submitter are read-only."""
+
+    form = JobAdminForm
+    # Who submitted it is history, like created_at (and may be gone: SET_NULL).
+    readonly_fields = ["state", "created_by", *RESOLVED_AT_SUBMIT]
     list_display = [
         "name",
         "team",
@@ -37,6 +100,20 @@ class JobAdmin(TeamScopedAdmin):
     exclude = ["data_key"]
     inlines = [JobEventInline]
     actions = ["cancel_jobs", "resume_jobs"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def save_model(self, request, obj: Job, form, change: bool) -> None:
+        """Save; a job held for attention that now validates is queued again (after commit, as
+        every transition's side effects)."""
+        super().save_model(request, obj, form, change)
+        if obj.state == JobState.NEEDS_ATTENTION:
+            fixed = attention.requeue_if_fixed(
+                obj, by=f"{request.user} (admin)", now=timezone.now()
+            )
+            if fixed:
+                self.message_user(request, f"{obj} is fixed: it is queued and renting again.")
 
     @admin.action(description="Resume the selected budget-paused jobs (from their checkpoints)")
     def resume_jobs(self, request, queryset) -> None:
@@ -104,9 +181,18 @@ class AttemptAdmin(TeamScopedAdmin):
     list_filter = ["state", "gpu_name", "job__team"]
     search_fields = ["job__name", "label", "instance_id", "machine_id"]
     list_select_related = ["job"]
-    exclude = ["token_digest"]
-    readonly_fields = [f.name for f in Attempt._meta.fields if f.name != "token_digest"]
+    # The log tail is shown with the job's secret values masked (jobs.job_secrets), in its place.
+    exclude = ["token_digest", "log_tail"]
+    readonly_fields = [
+        "masked_log_tail" if f.name == "log_tail" else f.name
+        for f in Attempt._meta.fields
+        if f.name != "token_digest"
+    ]
     inlines = [CheckpointInline]
+
+    @admin.display(description="log tail")
+    def masked_log_tail(self, attempt: Attempt) -> str:
+        return job_secrets.mask_for(attempt.job, attempt.log_tail)
 
     @admin.display(description="last heartbeat (s ago)")
     def heartbeat_age(self, attempt: Attempt) -> str:
@@ -176,4 +262,45 @@ class LossPointAdmin(TeamScopedAdmin):
     readonly_fields = [f.name for f in LossPoint._meta.fields]
 
     def has_add_permission(self, request) -> bool:
+        return False
+
+
+@admin.register(WorkdirPack)
+class WorkdirPackAdmin(TeamScopedAdmin):
+    """Code packs are made by uploads (the CLI, the portal's form) and named by their content:
+    read-only here; a pack may be in use by any job of its team, so none is deleted."""
+
+    list_display = ["sha256", "team", "size", "encrypted", "state", "created_at", "ready_at"]
+    list_filter = ["state", "encrypted", "team"]
+    search_fields = ["sha256"]
+    list_select_related = ["team"]
+    exclude = ["data_key"]
+    readonly_fields = [f.name for f in WorkdirPack._meta.fields if f.name != "data_key"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(StagedObject)
+class StagedObjectAdmin(TeamScopedAdmin):
+    """Staged model files are made by the staging task (``jobs.staging``) and named by what
+    they hold: read-only here; any job of the team with the same entry reuses one."""
+
+    list_display = ["source", "team", "state", "files_done", "files_total", "bytes_total"]
+    list_filter = ["state", "kind", "encrypted", "team"]
+    search_fields = ["source", "repo", "commit"]
+    list_select_related = ["team"]
+    exclude = ["data_key"]
+    readonly_fields = [f.name for f in StagedObject._meta.fields if f.name != "data_key"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
         return False

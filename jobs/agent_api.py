@@ -17,7 +17,7 @@ from ninja.errors import AuthenticationError, HttpError
 from ninja.security import HttpBearer
 from pydantic import BaseModel
 
-from jobs import agent_services, bootstrap, checkpoints
+from jobs import agent_services, bootstrap, checkpoints, workdirs
 from jobs.models import Attempt, Checkpoint
 
 
@@ -60,6 +60,9 @@ class PhasesIn(BaseModel):
 
     container_started: float | None = None
     deps_ready: float | None = None
+    workdir_ready: float | None = None  # the job's code fetched and unpacked (or cloned)
+    setup_done: float | None = None  # the job's setup finished
+    stage_done: float | None = None  # the staged model files laid out (jobs.staging)
     restore_downloaded: float | None = None
     restore_unpacked: float | None = None
     command_started: float | None = None
@@ -83,9 +86,25 @@ class RegisterIn(Schema):
 # The heartbeat's bodies are plain pydantic models, not ninja Schemas: a Schema's root validator
 # (it reads Django objects for output) ran once per nested object and cost more CPU than the
 # validation itself, on the API's busiest endpoint.
+class GpuIn(BaseModel):
+    """One GPU as nvidia-smi listed it (``agent.gpu``); a value it had none for is null."""
+
+    index: int | None = Field(None, ge=0, le=63)
+    pci_bus_id: str = Field("", max_length=32)
+    name: str = Field("", max_length=100)
+    utilization_pct: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
+    memory_used_mib: float | None = Field(None, ge=0, le=10**7, allow_inf_nan=False)
+    memory_total_mib: float | None = Field(None, ge=0, le=10**7, allow_inf_nan=False)
+    temperature_c: float | None = Field(None, ge=-100, le=200, allow_inf_nan=False)
+    ecc_uncorrected: int | None = Field(None, ge=0, le=2**63 - 1)
+    error: str | None = Field(None, max_length=300)
+
+
 class GpuHealthIn(BaseModel):
     ok: bool
     error: str | None = Field(None, max_length=2000)
+    # Per GPU; an older agent sends none. More than a host can have is refused (422).
+    gpus: list[GpuIn] = Field(default_factory=list, max_length=agent_services.MAX_GPUS)
 
 
 class HeartbeatIn(BaseModel):
@@ -131,7 +150,8 @@ class CompleteIn(Schema):
 class ExitIn(Schema):
     exit_code: int | None = Field(None, ge=-255, le=255)
     signal: int | None = Field(None, ge=0, le=128)
-    reason: Literal["finished", "failed", "stopped", "killed", "agent_error"]
+    # setup_failed: the job's setup (or fetching its code) failed; the command never started.
+    reason: Literal["finished", "failed", "stopped", "killed", "agent_error", "setup_failed"]
     error: str | None = Field(None, max_length=2000)
     log_tail: str = Field("", max_length=16 * 1024)
 
@@ -139,14 +159,23 @@ class ExitIn(Schema):
 @router.post("/register")
 def register(request: HttpRequest, payload: RegisterIn) -> dict:
     phases = payload.phases.ages() if payload.phases else {}
-    return agent_services.register_agent(request.auth, now=timezone.now(), phases=phases)
+    now = timezone.now()
+    try:
+        return agent_services.register_agent(request.auth, now=now, phases=phases)
+    except workdirs.PackUnavailable as exc:
+        # No host can run it: the job fails, its machine is released, and the agent stops.
+        agent_services.fail_without_code(request.auth, why=str(exc), now=now)
+        raise HttpError(410, f"{exc}; this attempt has ended: stop") from exc
 
 
 @router.post("/heartbeat", response=HeartbeatOut, auth=AgentToken(for_heartbeat=True))
 def heartbeat(request: HttpRequest, payload: HeartbeatIn) -> dict:
     gpu, now = payload.gpu, timezone.now()
     beat = agent_services.Heartbeat(
-        **payload.model_dump(exclude={"gpu", "phases"}), gpu_ok=gpu.ok, gpu_error=gpu.error or ""
+        **payload.model_dump(exclude={"gpu", "phases"}),
+        gpu_ok=gpu.ok,
+        gpu_error=gpu.error or "",
+        gpus=[g.model_dump() for g in gpu.gpus],
     )
     if payload.phases is not None:
         agent_services.record_phases(request.auth.pk, payload.phases.ages(), now=now)

@@ -16,7 +16,16 @@ from datetime import datetime, timedelta
 from django.db.models import DateTimeField, F, Value
 from django.db.models.functions import Coalesce
 
-from jobs import auto_checkpoint, checkpoints, heartbeat_store, lifecycle, stall
+from jobs import (
+    auto_checkpoint,
+    checkpoints,
+    heartbeat_store,
+    job_secrets,
+    lifecycle,
+    staging,
+    stall,
+    workdirs,
+)
 from jobs import checkpoint_interval as ci
 from jobs.heartbeat_store import LOG_TAIL_LIMIT, Heartbeat
 from jobs.models import (
@@ -35,12 +44,16 @@ from nomadgpu.tokens import token_matches, token_prefix
 PHASE_FIELDS = {
     "container_started": "container_started_at",
     "deps_ready": "deps_ready_at",
+    "workdir_ready": "workdir_ready_at",
+    "setup_done": "setup_done_at",
+    "stage_done": "stage_done_at",
     "restore_downloaded": "restore_downloaded_at",
     "restore_unpacked": "restore_unpacked_at",
     "command_started": "command_started_at",
     "first_step": "first_step_at",
 }
 PHASE_AGE_LIMIT_S = 7 * 86400
+MAX_GPUS = 16  # a heartbeat's GPUs at most: as many as a job may ask for (jobs.spec)
 
 
 # Every agent call authenticates, so the lookup leaves out what most calls never read: the
@@ -122,9 +135,16 @@ def register_agent(
         "job_id": job.pk,
         "attempt_no": attempt.number,
         "command": job.command,
+        # Several GPUs (PROTOCOL.md "Launchers"): the launcher the agent wraps the command in;
+        # it starts one process per GPU of num_gpus below.
+        "launcher": job.launcher or None,
         "env": job.env,
         "total_steps": job.total_steps,
         "heartbeat_interval_s": job.heartbeat_interval_s,
+        # The GPUs the job has on its host (selection matches the offer's count exactly):
+        # fewer visible to nvidia-smi is a GPU fault (PROTOCOL.md, ``gpu``), and a launcher
+        # starts one process per GPU.
+        "num_gpus": job_gpu_count(job),
         "checkpoint": {
             "keep_last": job.keep_last,
             "upload_part_size": checkpoints.PART_SIZE,
@@ -132,7 +152,19 @@ def register_agent(
         },
         "resume": resume,
         "encryption": _encryption(job),
+        # The job's code (PROTOCOL.md, ``workdir``); raises workdirs.PackUnavailable.
+        "workdir": workdirs.agent_workdir(job),
+        # The staged model files (PROTOCOL.md, ``stage``), laid out before the setup.
+        "stage": staging.agent_stage(job),
+        # The one place a secret's value leaves the server for a host (jobs.job_secrets).
+        "setup": job.setup,
+        "secrets": job_secrets.register_secrets(job),
     }
+
+
+def job_gpu_count(job) -> int:
+    """The job's ``requirements.num_gpus`` (1 when unset, or not a number after a hand edit)."""
+    return max(1, job.gpu_count())
 
 
 def _encryption(job) -> dict | None:
@@ -253,11 +285,15 @@ def record_exit(
 ) -> None:
     """Keep what the agent said about the end of the training process, then end the attempt
     (success finishes the job, a non-zero exit fails it; see ``lifecycle.handle_exit``). A command
-    that never started (``agent_error``) or was killed (``killed``) is a lost host instead."""
+    that never started (``agent_error``) or was killed (``killed``) is a lost host instead; a
+    setup that failed (``setup_failed``) is the job's own error, like a failed command.
+
+    The log tail kept here is the attempt's last word (events and notifications quote it), so
+    the job's secret values are masked in it again, whatever the agent did."""
     Attempt.objects.filter(pk=attempt.pk).update(
         exit_code=exit_code,
         phase="exited",
-        log_tail=log_tail[-LOG_TAIL_LIMIT:],
+        log_tail=job_secrets.mask_for(attempt.job, log_tail[-LOG_TAIL_LIMIT:]),
         last_heartbeat_at=now,
     )
     attempt.refresh_from_db()
@@ -274,4 +310,11 @@ def record_exit(
         detail = f"the command was stopped by the host ({how})"
         lifecycle.handle_loss(lifecycle.Loss(attempt.pk, "killed", detail), now=now)
         return
-    lifecycle.handle_exit(attempt, exit_code=exit_code, reason=reason, now=now)
+    lifecycle.handle_exit(attempt, exit_code=exit_code, reason=reason, now=now, error=error)
+
+
+def fail_without_code(attempt: Attempt, *, why: str, now: datetime) -> None:
+    """ATTEMPT's job cannot get its code (its pack is gone): no host can run it, so the job
+    fails with WHY and what to do, and its machine is released. Not a host loss."""
+    reason = f"{why}: submit the job again with its code"
+    lifecycle.fail_job(attempt.job_id, why=reason, now=now)

@@ -9,6 +9,12 @@ its replacement into phases, each ending at one moment:
   else the agent's first call);
 - **agent bootstrap**: → the agent's dependencies installed (the bootstrap's report, else the
   agent's start), plus, when no checkpoint was restored, the agent's start until the command;
+- **code**: → the job's code fetched and unpacked, or cloned (``workdir_ready``);
+- **model download**: → the staged model files downloaded from the team's storage and laid
+  out in the Hugging Face cache (``stage_done``; jobs.staging);
+- **setup**: → the job's setup finished (``setup_done``). It runs while the model downloads:
+  of the two, the one that ended first counts from the code, the other what it added after
+  (``side_by_side``);
 - **checkpoint download**: → the resume checkpoint's last byte (the agent's download, start
   and first call after the dependencies, a second or two, count here too);
 - **unpack**: → unpacked (it overlaps the download: this is what is left after the last byte),
@@ -18,7 +24,8 @@ its replacement into phases, each ending at one moment:
 A moment not known (an older agent, no checkpoint to restore) leaves its phase ``None`` and the
 next phase starts at the last moment that is known, so the known phases always add up to the
 whole downtime. Lost work: the steps done again (reached on the lost host minus resumed from), at
-the replacement's seconds per step and its GPU price.
+the replacement's seconds per step and its GPU price. The step reached is the last heartbeat's:
+a checkpoint written after it resumes the job past it, and nothing is lost (the page says why).
 """
 
 from __future__ import annotations
@@ -34,6 +41,9 @@ PHASES: tuple[tuple[str, str], ...] = (
     ("renting", "Renting"),
     ("provider_startup", "Provider start-up"),
     ("agent_bootstrap", "Agent bootstrap"),
+    ("code", "Code"),
+    ("stage", "Model download"),
+    ("setup", "Setup"),
     ("checkpoint_download", "Checkpoint download"),
     ("unpack", "Unpack"),
     ("first_step", "First step"),
@@ -56,11 +66,20 @@ def boundaries(i: Interruption, r: Attempt | None) -> list[tuple[str | None, dat
         ("renting", r.rented_at),
         ("provider_startup", r.container_started_at),
         ("agent_bootstrap", r.deps_ready_at),
+        ("code", r.workdir_ready_at),
+        *side_by_side(("stage", r.stage_done_at), ("setup", r.setup_done_at)),
         ("checkpoint_download", r.restore_downloaded_at),
         ("unpack", r.restore_unpacked_at),
         (None, r.command_started_at or r.running_at),
         ("first_step", r.first_step_at),
     ]
+
+
+def side_by_side(*ends: tuple[str, datetime | None]) -> list[tuple[str, datetime | None]]:
+    """Phases that ran at once (the agent downloads the staged model while setup runs), in the
+    order they ended: the first counts from the phase before them, each later one only what it
+    added after the one before it ended, so the phases still add up to the downtime."""
+    return sorted(ends, key=lambda end: (end[1] is None, end[1] or datetime.min))
 
 
 def phase_seconds(start: datetime | None, ends) -> dict[str, float | None]:
@@ -90,6 +109,7 @@ class LostWork:
 
 
 def lost_work(i: Interruption, r: Attempt | None) -> LostWork:
+    # A resume past the step reached is no loss: see ``written_after_last_heartbeat``.
     if i.step_reached is None or i.resumed_step is None:
         return LostWork(None, None, None)
     steps = max(i.step_reached - i.resumed_step, 0)
@@ -97,6 +117,33 @@ def lost_work(i: Interruption, r: Attempt | None) -> LostWork:
         return LostWork(steps, None, None)
     gpu_s = steps * r.seconds_per_step
     return LostWork(steps, gpu_s, gpu_s * r.dph_base / 3600)
+
+
+def written_after_last_heartbeat(reached: int | None, resumed: int | None) -> str:
+    """Why a recovery resumed past the step reached: the step reached is the last heartbeat's,
+    and the script went on to write (and the agent to upload) a later checkpoint before the
+    host died, in the seconds before the next heartbeat would have said so. "" otherwise."""
+    if reached is None or resumed is None or resumed <= reached:
+        return ""
+    return (
+        f"checkpoint {resumed} was written after the last heartbeat, which reported step {reached}"
+    )
+
+
+def resume_note(reached: int | None, resumed: int | None) -> str:
+    """How the step resumed from (RESUMED) compares with the step the lost host had reported
+    (REACHED), in words: "34 steps done again: the host had reached step 91", "no work lost",
+    or why a resume is ahead of the last report. "" while either is unknown."""
+    if reached is None or resumed is None:
+        return ""
+    if ahead := written_after_last_heartbeat(reached, resumed):
+        return f"{ahead}: no work lost"
+    if resumed == reached:
+        return "no work lost"
+    redone = reached - resumed
+    return (
+        f"{redone} step{'s' if redone != 1 else ''} done again: the host had reached step {reached}"
+    )
 
 
 def breakdown(interruption: Interruption) -> dict:
@@ -110,6 +157,9 @@ def breakdown(interruption: Interruption) -> dict:
         "phases": phases,
         "total_s": sum(known) if known else None,
         "lost_work": {"steps": work.steps, "gpu_s": work.gpu_s, "usd": work.usd},
+        "resumed_ahead": written_after_last_heartbeat(
+            interruption.step_reached, interruption.resumed_step
+        ),
     }
 
 

@@ -5,18 +5,10 @@ class JobsConfig(AppConfig):
     name = "jobs"
 
     def ready(self) -> None:
-        from celery.signals import worker_ready
-
         from jobs.checkpoints import late_write_refusal
+        from jobs.workdirs import write_refusal as pack_write_refusal
         from nomadgpu.storage import install_write_guard
 
-        worker_ready.connect(_enforce_on_worker_start, weak=False)
-        # The local store's PUTs must stop landing once the attempt that got the URL is over.
-        install_write_guard(late_write_refusal)
-
-
-def _enforce_on_worker_start(**_kwargs) -> None:
-    """A worker that was down missed budget passes: run one at once, not at the next beat."""
-    from jobs.tasks import enforce_budgets  # tasks import every app's models: not at load
-
-    enforce_budgets.delay()
+        # The local store's PUTs must stop landing once the attempt that got the URL is over,
+        # and a code pack's object may be written only while that pack is uploading.
+        install_write_guard(lambda key: late_write_refusal(key) or pack_write_refusal(key))

@@ -22,8 +22,9 @@ from datetime import datetime
 from hosts import selection
 from hosts.models import Machine
 from hosts.selection import BYTES_PER_GB
+from jobs import attention, lifecycle, renting
 from jobs import checkpoint_interval as ci
-from jobs import lifecycle, renting
+from jobs.market_terms import RentDecision
 from jobs.models import Attempt, AttemptState, Checkpoint, CheckpointState, Job, JobEvent
 
 logger = logging.getLogger(__name__)
@@ -56,10 +57,17 @@ def ask_due_checkpoints(now: datetime) -> int:
         team_id = attempt.job.team_id
         if team_id not in rates:
             rates[team_id] = renting.preemption_rates(team_id, now=now)
-        try:
-            asked += decide(attempt, rates=rates[team_id], now=now)
-        except Exception:  # one bad row must not stop the tick (losses, nudges)
-            logger.exception("deciding the checkpoint interval of %s failed", attempt)
+        # One bad row must not stop the tick (losses, nudges): its error stays with its job.
+        asked += bool(
+            attention.guarded(
+                decide,
+                attempt,
+                rates=rates[team_id],
+                now=now,
+                job_id=attempt.job_id,
+                what="decide when to ask it for a checkpoint",
+            )
+        )
     return asked
 
 
@@ -162,9 +170,7 @@ def upload_cost_s(attempt: Attempt) -> tuple[float, str]:
 def advertised_upload_mbps(attempt: Attempt) -> float | None:
     """The upload speed ATTEMPT's offer advertised when it was rented (its decision's record of
     the chosen offer; None for an attempt rented before that was recorded)."""
-    offer = ((attempt.decision or {}).get("chosen") or {}).get("offer") or {}
-    mbps = offer.get("inet_up_mbps")
-    return float(mbps) if isinstance(mbps, int | float) and mbps > 0 else None
+    return RentDecision.of(attempt).upload_mbps
 
 
 def remaining_training_s(attempt: Attempt) -> float | None:

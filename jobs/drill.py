@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from django.utils import timezone
 
 from hosts.vast import VastClient
-from jobs import lifecycle
+from jobs import anatomy, lifecycle
 from jobs.models import Attempt, AttemptState, Interruption, Job
 
 
@@ -22,6 +22,7 @@ class DrillResult:
     rented_s: float | None
     running_again_s: float | None
     resumed_step: int | None
+    resume_note: str  # the step resumed from against the last heartbeat's (anatomy.resume_note)
 
 
 class DrillError(Exception):
@@ -42,11 +43,12 @@ def destroy_running_host(job: Job, *, by: str = "") -> Attempt:
     attempt = running_attempt(job)
     with VastClient.from_settings(job.team) as client:
         client.destroy_instance(attempt.instance_id)
+    at_step = f" at step {attempt.step} (its last heartbeat)" if attempt.step is not None else ""
     lifecycle.record_event(
         job.pk,
         now=timezone.now(),
         kind="drill",
-        message=f"fire drill: instance {attempt.instance_id} destroyed {by}".rstrip(),
+        message=f"fire drill: instance {attempt.instance_id} destroyed {by}".rstrip() + at_step,
         attempt=attempt.number,
         instance_id=attempt.instance_id,
     )
@@ -59,7 +61,10 @@ def drill_once(
     """Destroy the job's running host and wait until training runs again elsewhere."""
     attempt = destroy_running_host(job, by="by manage.py drill")
     destroyed_at = timezone.now()
-    say(f"destroyed instance {attempt.instance_id} of job {job.pk} at step {attempt.step}")
+    say(
+        f"destroyed instance {attempt.instance_id} of job {job.pk} at step {attempt.step} "
+        "(its last heartbeat)"
+    )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         interruption = Interruption.objects.filter(attempt=attempt).first()
@@ -83,4 +88,5 @@ def _result(job, attempt, interruption: Interruption, destroyed_at) -> DrillResu
         rented_s=since(interruption.replacement_rented_at),
         running_again_s=since(interruption.running_again_at),
         resumed_step=interruption.resumed_step,
+        resume_note=anatomy.resume_note(interruption.step_reached, interruption.resumed_step),
     )

@@ -12,6 +12,7 @@ database spent running them; that is why they are text.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,6 +24,7 @@ from jobs.models import Attempt, AttemptState, Job
 
 LOG_TAIL_LIMIT = 8 * 1024
 GPU_ERROR_LIMIT = 300  # Attempt.gpu_error's max_length
+_GPUS_FIELD = Attempt._meta.get_field("gpus")
 
 # What a heartbeat reads: its checks and answer (``agent_services.record_heartbeat``), the stall
 # rule, marking the attempt running and the loss sampling. Other fields load on first use, one
@@ -51,6 +53,9 @@ class Heartbeat:
     log_tail: str
     net_rx_bytes: int | None = None  # None: not reported (an older agent); the stored value stays
     net_tx_bytes: int | None = None
+    gpus: list[dict] = dataclasses.field(
+        default_factory=list
+    )  # per GPU (agent_api.GpuIn), as stored
 
 
 def load_for_heartbeat(prefix: str) -> Attempt | None:
@@ -95,6 +100,8 @@ def store_heartbeat(
         "seconds_per_step": beat.seconds_per_step,
         "gpu_ok": beat.gpu_ok,
         "gpu_error": beat.gpu_error[:GPU_ERROR_LIMIT],
+        # As the ORM would write it (a jsonb adapter on PostgreSQL, text on SQLite).
+        "gpus": _GPUS_FIELD.get_db_prep_save(beat.gpus, connection),
         "bytes_down": beat.bytes_down,
         "bytes_up": beat.bytes_up,
         "net_rx_bytes": beat.net_rx_bytes,
@@ -185,7 +192,7 @@ _SET = """
                        THEN %(now)s ELSE a.last_progress_at END,
     step = COALESCE(%(step)s, a.step), total_steps = COALESCE(%(total_steps)s, a.total_steps),
     loss = COALESCE(%(loss)s, a.loss), seconds_per_step = %(seconds_per_step)s,
-    gpu_ok = %(gpu_ok)s, gpu_error = %(gpu_error)s, bytes_down = %(bytes_down)s,
+    gpu_ok = %(gpu_ok)s, gpu_error = %(gpu_error)s, gpus = %(gpus)s, bytes_down = %(bytes_down)s,
     bytes_up = %(bytes_up)s, log_tail = %(log_tail)s,
     net_rx_bytes = COALESCE(%(net_rx_bytes)s, a.net_rx_bytes),
     net_tx_bytes = COALESCE(%(net_tx_bytes)s, a.net_tx_bytes),

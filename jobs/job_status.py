@@ -9,7 +9,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from jobs.models import LIVE_ATTEMPT_STATES, Attempt, Job, JobState
+from jobs.models import LIVE_ATTEMPT_STATES, Attempt, Checkpoint, Job, JobState
+
+FINISHED = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
 # Lines of context a log cursor remembers: enough that ordinary training output (each line a
 # new step) never repeats, few enough to survive the tail rolling by between two polls.
@@ -60,6 +62,40 @@ def early_finish_note(job: Job) -> str:
     if step is None or not total or step >= total:
         return ""
     return f"ended at step {step:,} of {total:,}"
+
+
+def rework_note(job: Job) -> str:
+    """While the job gets back to where a lost host had been: why the step went back.
+
+    The progress shows the newest step reported: the lost host's until its replacement
+    reports, then the replacement's, which starts from the checkpoint, below it. Recovering:
+    "Host lost at step 91; training resumes from checkpoint 57, so steps 58 to 91 will be
+    done again." Redoing: "Host lost at step 91; training resumed from checkpoint 57, so
+    steps 58 to 91 are being done again." "" when nothing was lost, once the step reached is
+    passed again, or once the job has ended."""
+    lost = job.interruptions.order_by("-detected_at").first()
+    if lost is None or lost.step_reached is None or job.state in FINISHED:
+        return ""
+    reached = lost.step_reached
+    if lost.running_again_at is None:
+        resume = Checkpoint.objects.filter(job=job).newest_ready_step() or 0
+        return _redo_words(reached, resume, recovering=True)
+    step = job_progress(job).step
+    if lost.resumed_step is None or step is None or step >= reached:
+        return ""
+    return _redo_words(reached, lost.resumed_step, recovering=False)
+
+
+def _redo_words(reached: int, resume: int, *, recovering: bool) -> str:
+    if resume >= reached:
+        return ""
+    if resume:
+        how = f"{'resumes' if recovering else 'resumed'} from checkpoint {resume:,}"
+    else:
+        how = f"{'starts' if recovering else 'started'} again from step 0 (no checkpoint yet)"
+    tense = "will be" if recovering else "are being"
+    steps = f"step {reached:,}" if resume + 1 == reached else f"steps {resume + 1:,} to {reached:,}"
+    return f"Host lost at step {reached:,}; training {how}, so {steps} {tense} done again."
 
 
 def current_host(job: Job) -> Attempt | None:

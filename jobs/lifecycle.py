@@ -6,19 +6,24 @@ exactly one row or the transition is refused), writes a ``JobEvent``, and defers
 that rolled back. Illegal transitions raise ``IllegalTransition``; they are never ignored.
 
     queued → renting → starting → running → (recovering → renting …)
-           → succeeded | failed | cancelled | paused_budget
+           → succeeded | failed | cancelled | paused_budget | needs_attention
 
 Who moves a job, and when:
 - submit (``submit_job``) and resume (``resume_job``) queue it and plan its first rent;
 - ``plan_rent`` commits the next attempt (renting), asked by submit, resume and the watchdog for
   every job that needs a host (a lost one's too); ``mark_rented`` records the instance;
-- the agent's heartbeats report training (``mark_running``) and the command's end
-  (``handle_exit``); the watchdog and the agent API report a lost host (``handle_loss``: the
-  job recovers and the watchdog's next pass plans the replacement), a contract about to end
-  (``move_before_contract_end``);
-- people cancel (``cancel_job``); spending limits pause (``enforce_budgets``, and a rent the
-  budget refuses while recovering). Billing decides those through ``jobs.spending`` verdicts;
-  only this module acts on them.
+- the agent's heartbeats report training (``mark_running``) and the command's end, or its
+  setup's failure (``handle_exit``); the watchdog and the agent API report a lost host
+  (``handle_loss``: the job recovers and the watchdog's next pass plans the replacement), a
+  contract about to end (``move_before_contract_end``);
+- a job whose stored spec no longer validates (JSON edited by hand) stops renting and waits
+  for a person (``hold_for_attention``; ``jobs.attention`` decides, before each rent is
+  planned and when a rent meets it); fixing it in the admin queues it again
+  (``requeue_after_fix``);
+- people cancel (``cancel_job``); spending limits pause (``pause_for_budget``): billing's budget
+  pass (``billing.enforce.budget_pass``) calls it, with ``record_event`` and
+  ``request_checkpoint``, and so does a rent the budget refuses while recovering
+  (``jobs.spending`` verdicts, asked at submit, rent and resume).
 
 Tasks are sent by name after commit (``enqueue``): this module never imports ``jobs.tasks``,
 which imports it.
@@ -34,9 +39,9 @@ from functools import partial
 from celery import current_app
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, Max
+from django.db.models import F, Max, Q
 
-from hosts.models import Machine
+from hosts.models import Machine, decided_offer
 from jobs import spending
 from jobs.models import (
     LIVE_ATTEMPT_STATES,
@@ -50,8 +55,9 @@ from jobs.models import (
     JobEvent,
     JobState,
 )
-from jobs.spending import BudgetAction, BudgetExceeded
+from jobs.spending import BudgetExceeded
 from nomadgpu.crypto import new_data_key
+from nomadgpu.humanize import instance_price
 
 logger = logging.getLogger(__name__)
 
@@ -66,14 +72,26 @@ ALLOWED_FROM: dict[str, frozenset[str]] = {
     S.SUCCEEDED: frozenset({S.STARTING, S.RUNNING}),
     S.FAILED: frozenset({S.QUEUED, S.RENTING, S.STARTING, S.RUNNING, S.RECOVERING}),
     S.CANCELLED: frozenset(
-        {S.QUEUED, S.RENTING, S.STARTING, S.RUNNING, S.RECOVERING, S.PAUSED_BUDGET}
+        {
+            S.QUEUED,
+            S.RENTING,
+            S.STARTING,
+            S.RUNNING,
+            S.RECOVERING,
+            S.PAUSED_BUDGET,
+            S.NEEDS_ATTENTION,
+        }
     ),
     S.PAUSED_BUDGET: frozenset({S.QUEUED, S.RENTING, S.STARTING, S.RUNNING, S.RECOVERING}),
-    S.QUEUED: frozenset({S.PAUSED_BUDGET}),
+    S.QUEUED: frozenset({S.PAUSED_BUDGET, S.NEEDS_ATTENTION}),
+    # Only a job waiting for a host is held: one on a host trains on what it was rented with.
+    S.NEEDS_ATTENTION: frozenset({S.QUEUED, S.RENTING, S.RECOVERING}),
 }
 
 OUTBID = "outbid"  # the loss cause of an interruptible instance paused by a higher bid
 RENT_TASK = "jobs.tasks.rent_attempt"
+STAGE_TASK = "jobs.tasks.stage_job"
+STAGING = "staging"  # Job.stage_state while its entries are mirrored (jobs.staging)
 DESTROY_TASK = "jobs.tasks.destroy_instance"
 DISCARD_UPLOADS_TASK = "jobs.tasks.discard_unfinished_uploads"
 
@@ -93,6 +111,9 @@ class Loss:
     attempt_id: int
     cause: str
     detail: str = ""
+    # When the loss began, if before it was acted on: a host waited for while offline
+    # (``hosts.wait_or_move``) was lost from the moment it went offline.
+    since: datetime | None = None
 
 
 # --- The machinery ---------------------------------------------------------------------------
@@ -179,7 +200,13 @@ def submit_job(*, team, created_by, now: datetime, **fields) -> Job:
         if not verdict.allowed:
             raise BudgetExceeded(verdict.reason)
         record_event(job.pk, now=now, kind="submitted", message=f"submitted by {created_by}")
-        after_commit(plan_rent, job.pk, now=now)
+        if job.stage:
+            # Mirrored and checked first (jobs.staging): no host is rented before that ends.
+            Job.objects.filter(pk=job.pk).update(stage_state=STAGING)
+            job.stage_state = STAGING
+            enqueue(STAGE_TASK, job.pk)
+        else:
+            after_commit(plan_rent, job.pk, now=now)
     return job
 
 
@@ -193,7 +220,12 @@ def plan_rent(job_id: int, *, now: datetime) -> Attempt | None:
     send the rent task; None when none is needed, another worker planned it, or the spending
     gate refuses (the job then waits, or is paused while recovering)."""
     with transaction.atomic():
-        job = Job.objects.select_for_update().filter(pk=job_id, state__in=NEEDS_HOST).first()
+        job = (
+            Job.objects.select_for_update()
+            .filter(pk=job_id, state__in=NEEDS_HOST)
+            .exclude(stage_state=STAGING)  # the planner waits for the job's staged weights
+            .first()
+        )
         if job is None or (job.next_rent_at and job.next_rent_at > now):
             return None
         if job.attempts.live().exists():
@@ -262,20 +294,26 @@ def mark_rented(
             now=now,
             kind="rented",
             message=f"rented instance {instance_id} "
-            f"({attempt.gpu_name or 'adopted'}, ${attempt.dph_base:.3f}/h)",
+            f"({attempt.gpu_name or 'adopted'}, {_rented_price(attempt)})",
             data={"instance_id": instance_id, "offer_id": attempt.offer_id},
         )
     return True
 
 
+def _rented_price(attempt: Attempt) -> str:
+    """The rented instance's $/h for all its GPUs, per GPU beside it for several."""
+    chosen = attempt.decision.get("chosen") if isinstance(attempt.decision, dict) else None
+    offer = chosen.get("offer") if isinstance(chosen, dict) else None
+    count = offer.get("num_gpus") if isinstance(offer, dict) else None
+    return instance_price(attempt.dph_base, count if isinstance(count, int) else 1)
+
+
 def _note_machine_rented(attempt: Attempt) -> None:
     if attempt.machine_id is None:
         return
-    machine, _ = Machine.objects.get_or_create(
-        machine_id=attempt.machine_id, defaults={"gpu_name": attempt.gpu_name}
-    )
-    Machine.objects.filter(pk=machine.pk).update(
-        rentals=F("rentals") + 1, last_seen_at=attempt.rented_at
+    offer = decided_offer(attempt.decision, attempt.offer_id)  # where it is: the admin shows it
+    Machine.objects.note_rented(
+        attempt.machine_id, gpu_name=attempt.gpu_name, at=attempt.rented_at, offer=offer
     )
 
 
@@ -313,7 +351,7 @@ def handle_loss(loss: Loss, *, now: datetime) -> bool:
             cause=loss.cause,
             detail=loss.detail[:300],
             last_heartbeat_at=attempt.last_heartbeat_at,
-            detected_at=now,
+            detected_at=loss.since or now,
             step_reached=attempt.step,
         )
         if loss.cause == OUTBID:
@@ -328,7 +366,12 @@ def handle_loss(loss: Loss, *, now: datetime) -> bool:
             message=f"host lost ({loss.cause}) "
             + (f"at step {attempt.step}" if attempt.step is not None else "before training began")
             + (f"; resumes from checkpoint {last_ready}" if last_ready else "; no checkpoint yet"),
-            data={"cause": loss.cause, "step": attempt.step, "last_checkpoint": last_ready},
+            data={
+                "cause": loss.cause,
+                "step": attempt.step,
+                "last_checkpoint": last_ready,
+                "attempt_id": attempt.pk,  # its Interruption may be dated earlier (loss.since)
+            },
         )
     return True
 
@@ -408,14 +451,22 @@ def mark_running(attempt: Attempt, *, now: datetime) -> None:
         transition(attempt.job_id, S.RUNNING, now=now, kind=kind, message=message)
 
 
-def handle_exit(attempt: Attempt, *, exit_code: int | None, reason: str, now: datetime) -> None:
-    """The training command ended. Success finishes the job; a non-zero exit is the user's bug:
-    the job fails and nothing is re-rented (moving hosts does not fix code), unless the job
-    allows ``max_script_retries`` more runs: then it restarts from its newest checkpoint."""
+SETUP_FAILED = "setup_failed"  # the agent's exit reason when the job's setup or code failed
+
+
+def handle_exit(
+    attempt: Attempt, *, exit_code: int | None, reason: str, now: datetime, error: str = ""
+) -> None:
+    """The training command ended, or the job's setup failed before it (``SETUP_FAILED``, with
+    the agent's ERROR sentence, if any). Success finishes the job; a non-zero exit, or any
+    setup failure (exit 1 when none was given), is the user's bug: the job fails and nothing is
+    re-rented (moving hosts does not fix code), unless the job allows ``max_script_retries``
+    more runs: then it restarts from its newest checkpoint. Never a host loss."""
+    if reason == SETUP_FAILED:
+        exit_code = exit_code or 1  # a setup that failed never finishes the job
+    words = exit_words(reason, exit_code, error)
     with transaction.atomic():
-        closed = close_attempt(
-            attempt.pk, reason=f"exit {exit_code}", now=now, states=ON_HOST_STATES
-        )
+        closed = close_attempt(attempt.pk, reason=words.end_reason, now=now, states=ON_HOST_STATES)
         if closed is None or reason == "stopped":
             return
         Attempt.objects.filter(pk=closed.pk).update(exit_code=exit_code)
@@ -430,38 +481,124 @@ def handle_exit(attempt: Attempt, *, exit_code: int | None, reason: str, now: da
                 finished_at=now,
             )
             return
-        details = {"exit_code": exit_code, "log_tail": closed.log_tail[-2000:]}
-        if script_retries_left(closed.job) > 0:
-            transition(
-                attempt.job_id,
-                S.RECOVERING,
-                now=now,
-                kind="script_retry",
-                message=f"the training command exited with {exit_code}; running it again",
-                data=details,
-            )
-        else:
-            transition(
-                attempt.job_id,
-                S.FAILED,
-                now=now,
-                kind="failed",
-                message=f"the training command exited with {exit_code}",
-                data=details,
-                failure_reason=f"exit code {exit_code}",
-                finished_at=now,
-            )
+        _failed_run(closed, words, exit_code=exit_code, now=now)
+
+
+@dataclass(frozen=True)
+class ExitWords:
+    """How a failed run reads: the attempt's end reason, the event's sentence, the job's
+    ``failure_reason`` (page, API, CLI)."""
+
+    end_reason: str
+    message: str
+    failure_reason: str
+    in_setup: bool = False
+
+
+def exit_words(reason: str, exit_code: int | None, error: str = "") -> ExitWords:
+    """The words for an exit with EXIT_CODE: "setup failed (exit 2): <error>" for a setup,
+    "the training command exited with 2" for the command (": rank 1 exited with code 1" added
+    when the agent said which rank of a multi-process command failed)."""
+    if reason == SETUP_FAILED:
+        head = f"setup failed (exit {exit_code})"
+        return ExitWords(head, f"{head}: {error}" if error else head, head, in_setup=True)
+    if error:  # the agent named the rank of a multi-process command that failed first
+        return ExitWords(
+            f"exit {exit_code}",
+            f"the training command exited with {exit_code}: {error}",
+            f"exit code {exit_code}: {error}",
+        )
+    return ExitWords(
+        f"exit {exit_code}",
+        f"the training command exited with {exit_code}",
+        f"exit code {exit_code}",
+    )
+
+
+def _failed_run(closed: Attempt, words: ExitWords, *, exit_code: int, now: datetime) -> None:
+    details = {"exit_code": exit_code, "log_tail": closed.log_tail[-2000:]}
+    if words.in_setup:
+        details["failed_in"] = "setup"  # notifications say so (notify.messages.failed_facts)
+    if script_retries_left(closed.job) > 0:
+        transition(
+            closed.job_id,
+            S.RECOVERING,
+            now=now,
+            kind="script_retry",
+            message=f"{words.message}; running it again",
+            data=details,
+        )
+        return
+    transition(
+        closed.job_id,
+        S.FAILED,
+        now=now,
+        kind="failed",
+        message=words.message,
+        data=details,
+        failure_reason=words.failure_reason,
+        finished_at=now,
+    )
 
 
 def script_retries_left(job: Job) -> int:
-    """How many more times a failing command may run (failed exits so far vs the job's cap)."""
-    failed_exits = (
-        Attempt.objects.filter(job=job, end_reason__startswith="exit ")
+    """How many more times a failing command (or setup) may run: failed runs so far vs the
+    job's cap."""
+    failed_runs = (
+        Attempt.objects.filter(job=job)
+        .filter(Q(end_reason__startswith="exit ") | Q(end_reason__startswith="setup failed"))
         .exclude(exit_code=None)
         .exclude(exit_code=0)
         .count()
     )
-    return job.max_script_retries + 1 - failed_exits
+    return job.max_script_retries + 1 - failed_runs
+
+
+def fail_job(job_id: int, *, why: str, now: datetime) -> None:
+    """JOB_ID fails for a reason of its own that no host can fix (WHY says it and what to do);
+    its machine is released. The command's own failures go through ``handle_exit``."""
+    release_job(
+        job_id,
+        to=S.FAILED,
+        now=now,
+        kind="failed",
+        message=why,
+        reason="job_error",
+        failure_reason=why,
+        finished_at=now,
+    )
+
+
+def hold_for_attention(job_id: int, *, why: str, data: dict, now: datetime) -> None:
+    """Stop renting JOB_ID until a person fixes it (WHY names what is wrong with it, and what
+    to do): every rent would fail the same way. A live attempt (planned or requested: the job
+    had no host) is closed. ``jobs.attention`` decides when."""
+    release_job(
+        job_id,
+        to=S.NEEDS_ATTENTION,
+        now=now,
+        kind="needs_attention",
+        message=why,
+        reason="needs_attention",
+        data=data,
+        failure_reason=why,  # the job page, the API and the CLI show why it stopped
+    )
+
+
+def requeue_after_fix(job_id: int, *, by: str, now: datetime) -> None:
+    """A job held for attention was fixed: queue it and plan its rent."""
+    with transaction.atomic():
+        transition(
+            job_id,
+            S.QUEUED,
+            now=now,
+            kind="fixed",
+            message=f"fixed by {by}; renting again",
+            next_rent_at=None,
+            rent_backoff_s=0,
+            failure_reason="",
+        )
+        after_commit(plan_rent, job_id, now=now)
 
 
 # --- People and limits stop jobs ----------------------------------------------------------------
@@ -526,40 +663,6 @@ def resume_job(job_id: int, *, by: str, now: datetime) -> None:
             rent_backoff_s=0,
         )
         after_commit(plan_rent, job.pk, now=now)
-
-
-def enforce_budgets(*, now: datetime) -> dict[str, int]:
-    """One budget pass at NOW: each step the spending gate decides is claimed and acted on in
-    one transaction (a step another pass claimed first does nothing). Says how many warnings,
-    pauses begun, checkpoints asked and machines released."""
-    report = {"warned": 0, "pausing": 0, "asked": 0, "released": 0}
-    for step in spending.gate().budget_pass(now=now):
-        try:
-            with transaction.atomic():
-                actions = step.claim()
-                for action in actions:
-                    act_on_budget(action, now=now)
-        except IntegrityError:
-            continue  # another pass wrote the same claim first
-        if actions:
-            report[step.kind] += 1
-    return report
-
-
-def act_on_budget(action: BudgetAction, *, now: datetime) -> None:
-    """Do what one budget ACTION asks: record its event, ask its attempt for a checkpoint,
-    pause the job and release its machine. A job that ended meanwhile is left as it is."""
-    if action.event:
-        record_event(
-            action.job_id, now=now, kind=action.event, message=action.message, **action.data
-        )
-    if action.ask_attempt_id is not None:
-        request_checkpoint(action.ask_attempt_id)
-    if action.pause:
-        state = Job.objects.select_for_update().values_list("state", flat=True)
-        if state.get(pk=action.job_id) in TERMINAL:
-            return
-        pause_for_budget(action.job_id, message=action.message, data=action.data, now=now)
 
 
 def pause_for_budget(job_id: int, *, message: str, data: dict, now: datetime) -> None:

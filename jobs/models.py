@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import models, transaction
@@ -29,6 +32,41 @@ class JobState(models.TextChoices):
     FAILED = "failed", "Failed"
     CANCELLED = "cancelled", "Cancelled"
     PAUSED_BUDGET = "paused_budget", "Paused (budget)"
+    # Stopped until a person fixes the job itself (its stored spec no longer validates): the
+    # rent loop would only fail the same way again.
+    NEEDS_ATTENTION = "needs_attention", "Needs attention"
+
+
+def shape_of(
+    *, name: str, image: str, command: str, setup: str, env: dict[str, Any], num_gpus: int
+) -> str:
+    """The key of a job's *shape*: two jobs of one team with the same key are the same job run
+    again, so what the earlier one measured (``jobs.measured``) corrects the later one's
+    estimate. The name alone would mix a 0.2 s toy with a 4 s one renamed alike; a digest of
+    the workdir would make every new commit a stranger. So: the name, the image, the command,
+    the setup, the environment (hyperparameters live there) and the number of GPUs (the speed
+    is measured at that count); not the steps (the figures are per step or per host), the
+    code, the requirements' filters or the typed profile."""
+    parts = [name, image, command, setup, sorted((env or {}).items()), int(num_gpus or 1)]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
+
+
+# The most GPUs a job may ask for (``jobs.spec.RequirementsSpec.num_gpus``).
+MAX_NUM_GPUS = 16
+
+
+def shape_family(
+    *, name: str, image: str, command: str, setup: str, env: dict[str, Any]
+) -> dict[int, str]:
+    """``shape_of`` the same job at every GPU count it may ask for, by count: where the speed
+    measured at another count is found when none was at the job's own (``jobs.measured``)."""
+    return {
+        n: shape_of(name=name, image=image, command=command, setup=setup, env=env, num_gpus=n)
+        for n in range(1, MAX_NUM_GPUS + 1)
+    }
+
+
+SHAPE_FIELDS = frozenset({"name", "image", "command", "setup", "env", "requirements"})
 
 
 class Job(models.Model):
@@ -55,8 +93,28 @@ class Job(models.Model):
     start_timeout_s = models.PositiveIntegerField(default=1200)
     stall_timeout_s = models.PositiveIntegerField(default=900)
     max_script_retries = models.PositiveSmallIntegerField(default=0)
+    # The team's own fine-tune (agent/PROTOCOL.md "Code, setup and secrets"): its code
+    # (``workdir``: {} none; {"kind": "archive", "sha256": ...} a WorkdirPack of the team;
+    # {"kind": "git", "url", "ref", "commit", "deploy_key_secret"}), shell lines run once on
+    # each host before the command (``setup``), the names of the team secrets the command gets
+    # in its environment (``secrets``; values never leave the register call), and the secret
+    # holding the registry login of a private image (``image_login_secret``).
+    workdir = models.JSONField(default=dict, blank=True)
+    setup = models.TextField(blank=True)
+    secrets = models.JSONField(default=list, blank=True)
+    image_login_secret = models.CharField(max_length=64, blank=True)
+    # Model weights and files mirrored into the team's storage before the first rent
+    # (``jobs.staging``): ``stage`` the entries as submitted (``jobs.spec`` StageEntry), and
+    # ``stage_state`` "" (nothing to stage), "staging" (the planner waits), "ready" or "failed".
+    stage = models.JSONField(default=list, blank=True)
+    stage_state = models.CharField(max_length=10, blank=True)
+    # "torchrun" or "accelerate": one process per GPU (requirements.num_gpus) started around
+    # the command by the agent (agent.launch); None runs the command as it is. NULL, not "":
+    # the admin reads a job back through JobSpec, whose "no launcher" is None.
+    launcher = models.CharField(max_length=20, null=True, blank=True, default=None)  # noqa: DJ001
+    staged_objects = models.ManyToManyField("StagedObject", blank=True, related_name="jobs")
     # Spending limit for this job in USD (team limits live in billing); None: no job limit.
-    budget_usd = models.DecimalField(max_digits=10, decimal_places=2, null=True, blank=True)
+    budget_usd = models.DecimalField(max_digits=10, decimal_places=3, null=True, blank=True)
     # Asked at submit: wait in the queue until the budget allows, instead of being refused.
     start_when_budget_allows = models.BooleanField(default=False)
     # Machines that failed this job; selection skips them.
@@ -71,11 +129,15 @@ class Job(models.Model):
     data_key = EncryptedTextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
+    # ``shape_of`` the fields above, kept in step by ``save``: the team's earlier runs of the
+    # same shape are what its estimates learn from.
+    shape = models.CharField(max_length=32, blank=True, editable=False)
 
     class Meta:
         ordering = ["-created_at"]
         indexes = [
             models.Index(fields=["team", "state"]),
+            models.Index(fields=["team", "shape"]),
             # The watchdog's jobs waiting for a host: a handful among many finished jobs.
             models.Index(
                 fields=["next_rent_at"],
@@ -88,6 +150,34 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def save(self, *args, **kwargs) -> None:
+        """Save, with ``shape`` recomputed (an admin's edit of the command makes a new shape)."""
+        self.shape = self.shape_key()
+        fields = kwargs.get("update_fields")
+        if fields is not None and SHAPE_FIELDS & set(fields):
+            kwargs["update_fields"] = {*fields, "shape"}
+        super().save(*args, **kwargs)
+
+    def gpu_count(self) -> int:
+        """The GPUs the job asks for (a hand-edited count that is no number counts 1)."""
+        try:
+            return int((self.requirements or {}).get("num_gpus") or 1)
+        except (TypeError, ValueError, AttributeError):
+            return 1
+
+    def shape_key(self) -> str:
+        """``shape_of`` this job's fields at ``gpu_count``."""
+        return shape_of(num_gpus=self.gpu_count(), **self._shape_parts())
+
+    def shape_family(self) -> dict[int, str]:
+        """``shape_family`` of this job's fields: its shape at each GPU count."""
+        return shape_family(**self._shape_parts())
+
+    def _shape_parts(self) -> dict[str, Any]:
+        env = self.env if isinstance(self.env, dict) else {}
+        return {"name": self.name, "image": self.image, "command": self.command,
+                "setup": self.setup, "env": env}  # fmt: skip
 
     @property
     def storage_prefix(self) -> str:
@@ -207,6 +297,11 @@ class Attempt(models.Model):
     contract_ends_at = models.DateTimeField(null=True, blank=True)
     move_asked_at = models.DateTimeField(null=True, blank=True)
     provider_unknown_polls = models.PositiveSmallIntegerField(default=0)
+    # Its host went offline and the watchdog chose to wait for it (``hosts.wait_or_move``):
+    # since when, and the seconds of earlier offline spells it waited out (Vast bills neither
+    # GPU nor storage while the host is offline, so spend leaves them out).
+    offline_since = models.DateTimeField(null=True, blank=True)
+    offline_s = models.FloatField(default=0)
     resumed_from_step = models.PositiveIntegerField(null=True, blank=True)
 
     # Written by each heartbeat (one indexed row update); read by the watchdog.
@@ -222,6 +317,9 @@ class Attempt(models.Model):
     last_progress_at = models.DateTimeField(null=True, blank=True)
     gpu_ok = models.BooleanField(null=True)
     gpu_error = models.CharField(max_length=300, blank=True)
+    # The latest beat's GPUs, one object each (agent_api.GpuIn): index, bus id, name,
+    # utilisation, memory, temperature, uncorrected ECC errors and an error where one is lost.
+    gpus = models.JSONField(default=list, blank=True)
     bytes_down = models.PositiveBigIntegerField(default=0)
     bytes_up = models.PositiveBigIntegerField(default=0)
     # Everything the container moved since its agent started (the agent's own bytes, the
@@ -239,6 +337,11 @@ class Attempt(models.Model):
 
     created_at = models.DateTimeField(default=timezone.now)
     requested_at = models.DateTimeField(null=True, blank=True)
+    # Who claimed the rent ("host:pid:start", ``jobs.rent_claims``) and when a create was sent
+    # to the provider: a claim whose process died is settled at once, and only a create that
+    # was sent can have made an instance to adopt.
+    rent_claimed_by = models.CharField(max_length=120, blank=True)
+    create_sent_at = models.DateTimeField(null=True, blank=True)
     rented_at = models.DateTimeField(null=True, blank=True)
     running_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
@@ -255,6 +358,13 @@ class Attempt(models.Model):
     restore_unpacked_at = models.DateTimeField(null=True, blank=True)
     command_started_at = models.DateTimeField(null=True, blank=True)
     first_step_at = models.DateTimeField(null=True, blank=True)
+    # The job's code fetched and unpacked (or cloned) on this host, and its setup finished:
+    # phases of the recovery anatomy between the agent's bootstrap and the checkpoint download.
+    workdir_ready_at = models.DateTimeField(null=True, blank=True)
+    setup_done_at = models.DateTimeField(null=True, blank=True)
+    # The staged model files laid out on this host (``jobs.staging``): the anatomy's "model
+    # download" phase, between the code and the setup.
+    stage_done_at = models.DateTimeField(null=True, blank=True)
 
     objects = AttemptQuerySet.as_manager()
 
@@ -325,6 +435,102 @@ class CheckpointQuerySet(models.QuerySet):
             .values_list("created_at", "ready_at")[:newest]
         )
         return [(ready - created).total_seconds() for created, ready in rows if ready >= created]
+
+
+class WorkdirPackState(models.TextChoices):
+    UPLOADING = "uploading", "Uploading"
+    READY = "ready", "Ready"
+
+
+class WorkdirPack(models.Model):
+    """A team's packed code folder (a gzipped tar), stored once by content: the sha256 of the
+    pack (before encryption) names it, so submitting unchanged code uploads nothing. An
+    encrypted pack (for jobs that encrypt their checkpoints) is ngck1 under its own data key,
+    sealed here; agents get the key over their register call."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="workdir_packs")
+    sha256 = models.CharField(max_length=64)
+    size = models.PositiveBigIntegerField(help_text="bytes of the pack before encryption")
+    encrypted = models.BooleanField(default=False)
+    # The object as stored (ngck1 bytes when encrypted, else the pack itself): what an agent
+    # downloads and verifies.
+    stored_sha256 = models.CharField(max_length=64, blank=True)
+    stored_size = models.PositiveBigIntegerField(null=True, blank=True)
+    data_key = EncryptedTextField(blank=True)
+    state = models.CharField(
+        max_length=12, choices=WorkdirPackState.choices, default=WorkdirPackState.UPLOADING
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    ready_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["team", "sha256", "encrypted"], name="one_pack_per_content"
+            )
+        ]
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.team.slug} code {self.sha256[:12]} ({self.size} B)"
+
+    @property
+    def key(self) -> str:
+        """Where it lies in the team's storage."""
+        suffix = "tar.gz.ngck1" if self.encrypted else "tar.gz"
+        return f"teams/{self.team.slug}/workdirs/{self.sha256}.{suffix}"
+
+
+class StagedObjectState(models.TextChoices):
+    MIRRORING = "mirroring", "Mirroring"
+    READY = "ready", "Ready"
+    FAILED = "failed", "Failed"
+
+
+class StagedObject(models.Model):
+    """One ``stage`` entry mirrored into a team's storage, once: a Hugging Face repo at one
+    resolved commit (with the file globs asked for), or one URL. ``source`` names it
+    (``hf:ORG/NAME@COMMIT:GLOBS`` or ``url:URL``), so a second job with the same entry reuses
+    it. ``files`` lists what is stored: ``{path, size, sha256, etag, key, stored_size,
+    stored_sha256}`` each; ``data_key`` (sealed) encrypts them all for jobs that encrypt."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="staged_objects")
+    kind = models.CharField(max_length=4)  # "hf" | "url"
+    source = models.CharField(max_length=600)
+    encrypted = models.BooleanField(default=False)
+    repo = models.CharField(max_length=200, blank=True)
+    revision = models.CharField(max_length=255, blank=True)
+    commit = models.CharField(max_length=64, blank=True)
+    files = models.JSONField(default=list, blank=True)
+    state = models.CharField(
+        max_length=10, choices=StagedObjectState.choices, default=StagedObjectState.MIRRORING
+    )
+    error = models.TextField(blank=True)
+    files_total = models.PositiveIntegerField(default=0)
+    files_done = models.PositiveIntegerField(default=0)
+    bytes_total = models.PositiveBigIntegerField(default=0)
+    bytes_done = models.PositiveBigIntegerField(default=0)
+    data_key = EncryptedTextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    ready_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["team", "source", "encrypted"], name="one_staged_object_per_source"
+            )
+        ]
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.team.slug} staged {self.source[:80]}"
+
+    @property
+    def prefix(self) -> str:
+        """Where its files lie in the team's storage: by content (the resolved commit, or a
+        digest of the URL), never by job."""
+        digest = hashlib.sha256(f"{self.source}:{self.encrypted}".encode()).hexdigest()[:24]
+        return f"teams/{self.team.slug}/stage/{digest}/"
 
 
 class Checkpoint(models.Model):

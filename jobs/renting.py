@@ -27,12 +27,22 @@ from hosts.vast import (
     InsufficientCredit,
     Offer,
     OfferGone,
+    OfferRefused,
     VastClient,
     VastError,
 )
-from jobs import lifecycle
+from jobs import (
+    attention,
+    image_cache,
+    job_secrets,
+    lifecycle,
+    market_terms,
+    measured,
+    rent_claims,
+)
 from jobs.bootstrap import render_bootstrap
-from jobs.models import Attempt, AttemptState, Checkpoint, Job, JobEvent
+from jobs.market_terms import profile_for, requirements_for
+from jobs.models import Attempt, AttemptState, Job, JobEvent
 from nomadgpu.tokens import issue_token
 
 logger = logging.getLogger(__name__)
@@ -52,33 +62,14 @@ def parse_label(label: str | None) -> tuple[int, int] | None:
         return None
 
 
-def requirements_for(job: Job) -> selection.Requirements:
-    data = dict(job.requirements)
-    if "gpu_names" in data:
-        data["gpu_names"] = tuple(data["gpu_names"])
-    data["avoid_machine_ids"] = frozenset(job.avoid_machine_ids)
-    return selection.Requirements(**data)
-
-
-# Used when a job does not say: a typical PyTorch image, nothing else to download.
-PROFILE_DEFAULTS = {"image_gb": 5.0, "model_gb": 0.0, "upload_gb": 1.0}
-
-
-def profile_for(job: Job) -> selection.JobProfile:
-    resume_step = Checkpoint.objects.filter(job=job).newest_ready_step() or 0
-    data = {**PROFILE_DEFAULTS, "steps_total": job.total_steps or 0, **job.profile}
-    return selection.JobProfile(**{**data, "steps_done": resume_step})
-
-
-def speed_book(job: Job, offers: list[Offer]) -> selection.SpeedBook:
-    """Seconds per step this job showed on machines and GPU models it ran on before."""
-    seen = job.attempts.exclude(seconds_per_step=None).values_list(
-        "machine_id", "gpu_name", "seconds_per_step"
-    )
-    by_machine = {m: s for m, _, s in seen if m is not None}
-    by_model = {g: s for _, g, s in seen if g}
-    book = selection.SpeedBook(by_machine=by_machine, by_model=by_model)
-    return book.with_market(offers, job.requirements.get("num_gpus", 1))
+def speed_book(
+    job: Job, offers: list[Offer], history: measured.History | None = None
+) -> selection.SpeedBook:
+    """Seconds per step this job and the team's earlier runs of its shape showed on machines
+    and GPU models (``measured.measured_speeds``: medians of the newest), and DLPerf for the
+    rest, from those runs' offers and the market's."""
+    history = history if history is not None else measured.history_for(job)
+    return history.speeds.book().with_market(offers, requirements_for(job).num_gpus)
 
 
 def rent(attempt_id: int, *, now: datetime, client: VastClient | None = None) -> str:
@@ -94,16 +85,23 @@ def rent(attempt_id: int, *, now: datetime, client: VastClient | None = None) ->
     claimed = Attempt.objects.filter(pk=attempt_id, state=AttemptState.PLANNED).update(
         state=AttemptState.REQUESTED,
         requested_at=now,
+        rent_claimed_by=rent_claims.this_process(),
         token_prefix=token.prefix,
         token_digest=token.digest,
     )
     if not claimed:
-        return "not-planned"  # a duplicate message, or the job was cancelled meanwhile
+        # A duplicate message, the job cancelled meanwhile, or this message again after the
+        # worker that claimed it died (``reject_on_worker_lost``): that claim is settled now.
+        return settle_if_claimer_died(attempt_id, now=now, client=client)
     attempt = Attempt.objects.select_related("job__team").get(pk=attempt_id)
     own_client = client is None
     try:
         client = client or VastClient.from_settings(attempt.job.team)
         return _choose_and_create(attempt, token.token, client=client, now=now)
+    except market_terms.StoredSpecInvalid:
+        # Edited into something no rent can use since it was planned: held, not retried.
+        attention.hold_if_spec_invalid(attempt.job, now=now)
+        return "needs-attention"
     except SoftTimeLimitExceeded:
         # The task's time ran out, maybe mid-create: the outcome is unknown, so the attempt
         # stays requested and the watchdog adopts its labelled instance or closes it later.
@@ -120,7 +118,8 @@ def rent(attempt_id: int, *, now: datetime, client: VastClient | None = None) ->
 
 def _choose_and_create(attempt: Attempt, token: str, *, client: VastClient, now: datetime) -> str:
     job = attempt.job
-    req, profile = requirements_for(job), profile_for(job)
+    history = measured.history_for(job)
+    req, profile = requirements_for(job), profile_for(job, history)
     try:
         offers = client.search_offers(
             selection.vast_query(req), limit=selection.SEARCH_LIMIT, allocated_storage=req.disk_gb
@@ -128,14 +127,18 @@ def _choose_and_create(attempt: Attempt, token: str, *, client: VastClient, now:
     except VastError as exc:
         return give_up_renting(attempt, now=now, why=f"offer search failed: {exc}")
     rates = preemption_rates(job.team_id, now=now)
-    decision = selection.choose_offer(offers, req, profile, speed_book(job, offers), rates=rates)
+    speeds = speed_book(job, offers, history)
+    images = image_cache.image_cached_odds(job.team_id, job.image)
+    decision = selection.choose_offer(offers, req, profile, speeds, rates=rates, images=images)
     if decision is None:
         return give_up_renting(attempt, now=now, why="no offer matches the requirements")
     onstart = render_bootstrap(attempt, token=token)
+    image_login = job_secrets.image_login_for(job)  # the only secret in a create request
     refused: list[str] = []
     for candidate in decision.candidates[:MAX_CREATE_TRIES]:
         offer, rental = candidate.offer, candidate.rental
         bid = rental.gpu_usd_per_hour if rental.rental.kind == selection.INTERRUPTIBLE else None
+        note_create_sent(attempt, offer, rental, disk_gb=req.disk_gb, now=now)
         try:
             created = client.create_instance(
                 offer.id,
@@ -144,9 +147,13 @@ def _choose_and_create(attempt: Attempt, token: str, *, client: VastClient, now:
                 label=attempt.label,
                 onstart=onstart,
                 bid_usd_per_hour=bid,
+                image_login=image_login,
             )
         except OfferGone:
             continue  # someone else rented it between search and create: next offer
+        except OfferRefused as exc:
+            refused.append(note_refused_offer(attempt, offer, exc, now=now))
+            continue  # about this offer only, not the account: the next one may rent
         except InsufficientCredit as exc:
             # Every offer would say the same: stop here, and say who can fix it.
             why = (
@@ -184,6 +191,24 @@ def _choose_and_create(attempt: Attempt, token: str, *, client: VastClient, now:
     return give_up_renting(attempt, now=now, why=why)
 
 
+def note_refused_offer(attempt: Attempt, offer: Offer, exc: OfferRefused, *, now: datetime) -> str:
+    """Say on ATTEMPT's job that Vast refused OFFER (its id and Vast's words) and return the
+    same sentence for the attempt's closing reason, should every offer refuse."""
+    offer_id = exc.offer_id or offer.id
+    why = f"Vast refused offer {offer_id} ({exc.status}): {exc.message}"
+    logger.warning("%s: %s; trying the next offer", attempt, why)
+    lifecycle.record_event(
+        attempt.job_id,
+        now=now,
+        kind="offer_refused",
+        message=why,
+        offer_id=offer_id,
+        status=exc.status,
+        vast_message=exc.message[:300],
+    )
+    return why
+
+
 def destroy_created_stopped(attempt: Attempt, instance_id: int, offer, *, client) -> str:
     """Destroy a contract Vast created stopped (``success: false`` with ``new_contract``: a bid
     under the host's ``min_bid``), at once: it bills storage and would never train. Returns why,
@@ -195,6 +220,80 @@ def destroy_created_stopped(attempt: Attempt, instance_id: int, offer, *, client
     except VastError as exc:  # the orphan reaper destroys it by its label later
         logger.warning("destroying stopped instance %s failed: %s", instance_id, exc)
     return why
+
+
+def note_create_sent(
+    attempt: Attempt, offer: Offer, rental: selection.RentalCost, *, disk_gb: float, now: datetime
+) -> None:
+    """Commit, before the create is sent, that one is and what it rents: if this worker dies
+    now, the claim is settled by adopting the instance at these rates, or, had nothing been
+    sent, by planning again at once (``rent_claims``)."""
+    Attempt.objects.filter(pk=attempt.pk, state=AttemptState.REQUESTED).update(
+        create_sent_at=now, **{**offer_fields(offer), **rental_fields(rental)}, disk_gb=disk_gb
+    )
+
+
+def settle_if_claimer_died(
+    attempt_id: int, *, now: datetime, client: VastClient | None = None
+) -> str:
+    """A rent message found its attempt already claimed: settle the claim if the process that
+    made it is dead (``rent_claims.claim_is_dead``), else leave it. Says what happened."""
+    attempt = Attempt.objects.select_related("job__team").filter(pk=attempt_id).first()
+    if attempt is None or attempt.state != AttemptState.REQUESTED:
+        return "not-planned"
+    if not rent_claims.claim_is_dead(attempt, now=now):
+        return "not-planned"  # a duplicate message: its twin is still renting
+    instance = None
+    if attempt.create_sent_at is not None:
+        own_client = client is None
+        client = client or VastClient.from_settings(attempt.job.team)
+        try:
+            found = client.list_instances(label=attempt.label)
+        finally:
+            if own_client:
+                client.close()
+        instance = found[0] if found else None
+    return settle_dead_claim(attempt, instance, now=now)
+
+
+def settle_dead_claim(attempt: Attempt, instance: Instance | None, *, now: datetime) -> str:
+    """The process renting ATTEMPT died. INSTANCE is the one Vast holds with its label, if
+    any: it is adopted. With none, a create never sent means nothing can exist, and one sent
+    ``ADOPT_AFTER_S`` ago or more made nothing: the attempt ends and the job is planned again
+    at once (the renting was interrupted, not refused: no backoff). Says what happened."""
+    if instance is not None:
+        adopt(attempt, instance, now=now)
+        return "adopted"
+    sent = attempt.create_sent_at
+    if sent is not None and (now - sent).total_seconds() < settings.ADOPT_AFTER_S:
+        return "waiting"  # the create may still be landing at Vast
+    with transaction.atomic():
+        ended = Attempt.objects.filter(pk=attempt.pk, state=AttemptState.REQUESTED).update(
+            state=AttemptState.ENDED, end_reason="rent_interrupted", ended_at=now
+        )
+        if ended:
+            where = "before asking Vast" if sent is None else "and Vast made no instance"
+            lifecycle.record_event(
+                attempt.job_id,
+                now=now,
+                kind="rent_interrupted",
+                message=f"the worker renting attempt {attempt.number} stopped {where}; "
+                "renting again",
+            )
+    return "settled" if ended else "not-planned"
+
+
+def adopt(attempt: Attempt, instance: Instance, *, now: datetime) -> bool:
+    """Record INSTANCE, found by ATTEMPT's label, as its rental (a create whose answer was
+    lost, or whose worker died after Vast accepted it)."""
+    logger.info("adopting instance %s for %s by its label", instance.id, attempt)
+    return lifecycle.mark_rented(
+        attempt.pk,
+        fields=adopted_fields(attempt, instance),
+        instance_id=instance.id,
+        decision={"adopted": True},
+        now=now,
+    )
 
 
 def offer_fields(offer: Offer) -> dict:
@@ -246,17 +345,44 @@ def preemption_rates(team_id: int, *, now: datetime) -> selection.PreemptionRate
 
 def instance_fields(instance: Instance) -> dict:
     """The attempt's host and rates taken from an adopted instance (no offer was recorded):
-    spend and reconciliation need them as much as for a rent that completed normally."""
+    spend and reconciliation need them as much as for a rent that completed normally. A rate
+    the instance does not show is None (Vast's documented instance has no traffic prices)."""
     return {
         "machine_id": instance.machine_id,
         "gpu_name": instance.gpu_name or "",
-        "dph_base": instance.dph_base or 0.0,
-        "storage_usd_per_gb_hour": instance.storage_usd_per_gb_hour or 0.0,
-        "download_usd_per_gb": instance.download_usd_per_gb or 0.0,
-        "upload_usd_per_gb": instance.upload_usd_per_gb or 0.0,
+        "dph_base": instance.dph_base,
+        "storage_usd_per_gb_hour": instance.storage_usd_per_gb_hour,
+        "download_usd_per_gb": instance.download_usd_per_gb,
+        "upload_usd_per_gb": instance.upload_usd_per_gb,
         "disk_gb": instance.disk_space_gb or 0.0,
         "rental": selection.INTERRUPTIBLE if instance.is_bid else selection.ON_DEMAND,
     }
+
+
+RATE_FIELDS = ("dph_base", "storage_usd_per_gb_hour", "download_usd_per_gb", "upload_usd_per_gb")
+
+
+def adopted_fields(attempt: Attempt, instance: Instance) -> dict:
+    """``instance_fields``, with every rate the instance does not show taken from the offer
+    recorded when the create was sent (``note_create_sent``), else from the machine's last
+    known offer (its newest rental by any job), and only then 0: never a guessed zero while
+    a real price is known."""
+    fields = instance_fields(instance)
+    missing = [name for name in RATE_FIELDS if fields[name] is None]
+    if not missing:
+        return fields
+    known = {name: getattr(attempt, name) for name in missing} if attempt.offer_id else {}
+    machine = instance.machine_id or attempt.machine_id
+    if len(known) < len(missing) and machine is not None:
+        last = (
+            Attempt.objects.filter(machine_id=machine, offer_id__isnull=False)
+            .exclude(pk=attempt.pk)
+            .order_by("-created_at")
+            .values(*missing)
+            .first()
+        )
+        known = {**(last or {}), **known}
+    return {**fields, **{name: known.get(name) or 0.0 for name in missing}}
 
 
 def give_up_renting(

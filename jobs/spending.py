@@ -1,16 +1,16 @@
-"""Spending limits as jobs sees them: verdicts it asks for, and acts on.
+"""Spending limits as jobs sees them: the questions it must ask, and the verdicts.
 
 ``jobs`` never imports ``billing``: billing sits above it, reads the jobs' rows and decides.
 Billing installs its gate when Django starts (``billing.apps``); until then, and in a
-deployment without the billing app, every verdict allows. ``jobs.lifecycle`` asks at the
-moments money is committed (submit, each rent, resume) and once a budget pass for the steps
-that stop a job in time; it alone changes the job's state on a verdict.
+deployment without the billing app, every verdict allows. ``jobs.lifecycle`` asks only at the
+moments it commits money itself: submit (admit), each rent (reserve) and resume. The budget
+pass that stops jobs in time is billing's own (``billing.enforce.budget_pass``, beat task
+``billing.tasks.enforce_budgets``): billing calls ``jobs.lifecycle`` directly for it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
@@ -36,30 +36,6 @@ class Verdict:
 ALLOW = Verdict()
 
 
-@dataclass(frozen=True)
-class BudgetAction:
-    """One thing a budget pass wants done to a job: an event, a checkpoint asked of a
-    training attempt, or the job paused with its machine released (``pause``)."""
-
-    job_id: int
-    event: str = ""  # the event kind to record ("budget_warning", "budget_checkpoint")
-    message: str = ""
-    data: dict = field(default_factory=dict)
-    ask_attempt_id: int | None = None
-    pause: bool = False
-
-
-@dataclass(frozen=True)
-class BudgetStep:
-    """A decision of the budget pass. ``claim`` does billing's own bookkeeping for it (a
-    warning written, a pause opened or closed) and returns what jobs must do; it runs in the
-    transaction in which jobs acts, and returns nothing when another pass claimed it first.
-    KIND counts it in the pass's report ("warned", "pausing", "released", "asked")."""
-
-    kind: str
-    claim: Callable[[], list[BudgetAction]]
-
-
 class SpendingGate(Protocol):
     def admit(self, job: Job, *, now: datetime) -> Verdict:
         """At submit, inside the transaction that created JOB."""
@@ -69,9 +45,6 @@ class SpendingGate(Protocol):
 
     def resume(self, job: Job, *, now: datetime) -> Verdict:
         """Before a budget-paused JOB goes back to the queue."""
-
-    def budget_pass(self, *, now: datetime) -> Iterable[BudgetStep]:
-        """The steps of one enforcement pass, in order (lazily: each after the last acted)."""
 
 
 class NoLimits:
@@ -85,9 +58,6 @@ class NoLimits:
 
     def resume(self, job: Job, *, now: datetime) -> Verdict:
         return ALLOW
-
-    def budget_pass(self, *, now: datetime) -> Iterable[BudgetStep]:
-        return ()
 
 
 _gate: SpendingGate = NoLimits()

@@ -1,8 +1,9 @@
 """Celery tasks: thin. Each fetches by id and calls a service; all are safe to run twice.
 
 Watchdog ticks run on their own queue (``CELERY_TASK_ROUTES``), so a slow rent or a long
-budget pass never delays loss detection. Tasks that call Vast have time limits, and are
-requeued if the worker running them dies (``reject_on_worker_lost``; they are idempotent).
+budget pass (``billing.tasks.enforce_budgets``) never delays loss detection. Tasks that call
+Vast have time limits, and are requeued if the worker running them dies
+(``reject_on_worker_lost``; they are idempotent).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from hosts.vast import VastClient
-from jobs import checkpoints, lifecycle, renting, watchdog
+from jobs import checkpoints, renting, staging, watchdog
 from nomadgpu.models import Team
 
 logger = logging.getLogger(__name__)
@@ -35,12 +36,6 @@ def watchdog_tick() -> dict:
 @shared_task(ignore_result=True, **VAST_TASK)
 def rent_attempt(attempt_id: int) -> str:
     return renting.rent(attempt_id, now=timezone.now())
-
-
-@shared_task(ignore_result=True)
-def enforce_budgets() -> dict:
-    """One budget pass (``lifecycle.enforce_budgets``), at the watchdog's cadence."""
-    return lifecycle.enforce_budgets(now=timezone.now())
 
 
 @shared_task(
@@ -65,3 +60,26 @@ def discard_unfinished_uploads(attempt_id: int) -> int:
 def sweep_late_uploads() -> int:
     """What a fenced agent's still-valid URLs let land on S3 after its attempt closed."""
     return checkpoints.sweep_late_uploads(now=timezone.now())
+
+
+@shared_task(
+    bind=True,
+    ignore_result=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    max_retries=settings.STAGE_TASK_RETRIES,
+)
+def stage_job(self, job_id: int) -> str:
+    """Mirror JOB_ID's stage entries and plan its rent (``jobs.staging.stage_job``). Another
+    task mirroring the same entry is waited for; a transport or storage error is retried with
+    backoff, and fails the job (no host rented) once the retries are spent."""
+    try:
+        return staging.stage_job(job_id, now=timezone.now())
+    except staging.MirrorBusy as exc:
+        raise self.retry(exc=exc, countdown=2, max_retries=None) from exc
+    except Exception as exc:
+        if self.request.retries >= self.max_retries:
+            logger.exception("staging job %s failed for good", job_id)
+            staging.fail_staging(job_id, why=f"{type(exc).__name__}: {exc}", now=timezone.now())
+            return staging.FAILED
+        raise self.retry(exc=exc, countdown=min(60, 5 * 2**self.request.retries)) from exc

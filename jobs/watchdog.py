@@ -1,10 +1,15 @@
 """The watchdog: one tick every few seconds (Celery beat) that notices lost hosts.
 
 A host is lost when (DESIGN.md, "Failure detection"):
-1. the provider says so: instance missing, exited, offline, unknown for two polls, or outbid
-   (one paged list call per provider account, at most every ``PROVIDER_POLL_INTERVAL_S``);
+1. the provider says so: instance missing, exited, offline, unknown for two polls, outbid, or
+   its contract given up before the container ran (``start_failed`` when the host's runtime
+   failed) (one paged list call per provider account, at most every ``PROVIDER_POLL_INTERVAL_S``);
 2. no heartbeat for the heartbeat timeout;  3. the agent reported a GPU fault;
 4. no training progress for ``stall_timeout``;  5. never registered within ``start_timeout``.
+
+A running attempt whose host shows ``offline`` may instead be waited for: Vast keeps its disk
+through a reboot, and ``hosts.wait_or_move`` says at each poll whether waiting is still the
+cheaper way (``offline_loss_unless_waiting``, ``note_host_back``).
 
 Conditions 2-5 all surface through one indexed query: every attempt stores the moment by which
 it must be looked at (``heartbeat_deadline``). Renting sets it to the start timeout, each
@@ -20,22 +25,42 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import F
+from django.db import InterfaceError, OperationalError
+from django.db.models import Count, F, Max
 
 from hosts import selection
-from hosts.vast import Instance, VastClient, VastError
-from jobs import auto_checkpoint, lifecycle, renting, stall
+from hosts.models import Machine
+from hosts.vast import Instance, VastClient, VastError, container_runtime_failed
+from hosts.wait_or_move import ReturnHistory, WaitOrMove
+from jobs import (
+    attention,
+    auto_checkpoint,
+    lifecycle,
+    rent_claims,
+    renting,
+    silence,
+    staging,
+    stall,
+)
 from jobs.lifecycle import Loss
+from jobs.market_terms import RentDecision
 from jobs.models import LIVE_ATTEMPT_STATES, ON_HOST_STATES, Attempt, AttemptState, Checkpoint, Job
-from nomadgpu.models import ServiceHeartbeat
+from nomadgpu import ingest
+from nomadgpu.ingest import beacon_interval_s, read_ingest
+from nomadgpu.ingest import gap as ingest_gap
+from nomadgpu.models import IngestOutage, ServiceHeartbeat, Team
 
 logger = logging.getLogger(__name__)
 
 WATCHDOG = "watchdog"
 LOST_STATUSES = frozenset({"exited", "offline"})
+OFFLINE = "provider_offline"  # a host that may come back with its disk (``wait_or_move``)
+START_FAILED = "start_failed"  # the host's container runtime could not start the container
+BEFORE_RUNNING = frozenset({None, "created", "loading"})  # Vast's actual_status until running
 
 
 def grace(seconds: float) -> timedelta:
@@ -56,25 +81,70 @@ def record_tick(*, now: datetime) -> None:
 
 
 def tick(*, now: datetime, poll_provider: bool | None = None) -> dict:
-    """Run one watchdog pass at NOW and say what it did."""
+    """Run one watchdog pass at NOW and say what it did. Each row (a loss, an account, a job)
+    is its own unit: one that raises is logged, written once where a person sees it
+    (``jobs.attention``), and the pass goes on."""
     record_tick(now=now)
+    attention.begin_pass()
     if poll_provider is None:
         poll_provider = provider_poll_due(now)
-    lost = [lifecycle.handle_loss(loss, now=now) for loss in find_due_losses(now)]
+    evidence = gather_evidence()
+    if end_outage_if_over(evidence, now=now):
+        evidence = gather_evidence()  # silence now counts from the outage's end
+    lost = [handle_loss(loss, now=now) for loss in find_due_losses(now, evidence)]
     moved = 0
     if poll_provider:
-        lost += [lifecycle.handle_loss(loss, now=now) for loss in poll_providers(now)]
+        lost += [handle_loss(loss, now=now) for loss in poll_providers(now)]
         # Contract ends only change with a poll: checked at its cadence, not every tick.
         moved = move_off_expiring_contracts(now)
-    planned = [lifecycle.plan_rent(job_id, now=now) for job_id in jobs_needing_a_host(now)]
-    return {
+    settled = settle_unsent_claims(now)
+    planned = [plan_rent(job_id, now=now) for job_id in jobs_needing_a_host(now)]
+    report = {
+        "settled": settled,
         # Jobs with `checkpoint = "auto"`: one query when there are none.
         "checkpoints_asked": auto_checkpoint.ask_due_checkpoints(now),
         "moved": moved,
         "lost": sum(bool(x) for x in lost),
         "planned": sum(p is not None for p in planned),
         "nudged": nudge_planned(now),
+        "staging_nudged": staging.nudge_staging(now),
+        "held": evidence.outage_open,
     }
+    report["failed"] = attention.record_pass(now=now)
+    return report
+
+
+# A row whose loss could not be handled is looked at again this much later, not every tick.
+FAILED_ROW_RETRY = timedelta(seconds=60)
+
+
+def handle_loss(loss: Loss, *, now: datetime) -> bool:
+    """``lifecycle.handle_loss`` for one row: its error stays with its job, and pushes its own
+    deadline back."""
+    job_id = Attempt.objects.filter(pk=loss.attempt_id).values_list("job_id", flat=True).first()
+    handled = attention.guarded(
+        lifecycle.handle_loss, loss, now=now, job_id=job_id, what="handle its host's loss"
+    )
+    if handled is None:
+        Attempt.objects.filter(pk=loss.attempt_id, heartbeat_deadline__lte=now).update(
+            heartbeat_deadline=now + FAILED_ROW_RETRY
+        )
+    return bool(handled)
+
+
+def plan_rent(job_id: int, *, now: datetime) -> Attempt | None:
+    """``lifecycle.plan_rent`` for one job, unless its stored spec no longer validates (then
+    it is held for attention); its error stays with it."""
+    return attention.guarded(
+        plan_valid_rent, job_id, now=now, job_id=job_id, what="plan its next rent"
+    )
+
+
+def plan_valid_rent(job_id: int, *, now: datetime) -> Attempt | None:
+    job = Job.objects.get(pk=job_id)
+    if attention.hold_if_spec_invalid(job, now=now):
+        return None
+    return lifecycle.plan_rent(job_id, now=now)
 
 
 def move_off_expiring_contracts(now: datetime) -> int:
@@ -89,11 +159,27 @@ def move_off_expiring_contracts(now: datetime) -> int:
     ).order_by()
     moved = 0
     for attempt in expiring:
-        if attempt.move_asked_at is None:
-            ask_checkpoint_before_contract_end(attempt, now=now)
-        elif move_is_due(attempt, now=now, lead=lead):
-            moved += lifecycle.move_before_contract_end(attempt.pk, now=now)
+        moved += bool(
+            attention.guarded(
+                move_off_contract,
+                attempt,
+                now=now,
+                lead=lead,
+                job_id=attempt.job_id,
+                what="move it off a host whose contract ends",
+            )
+        )
     return moved
+
+
+def move_off_contract(attempt: Attempt, *, now: datetime, lead: timedelta) -> bool:
+    """One step of moving ATTEMPT off its expiring contract; True when it moved."""
+    if attempt.move_asked_at is None:
+        ask_checkpoint_before_contract_end(attempt, now=now)
+        return False
+    return move_is_due(attempt, now=now, lead=lead) and lifecycle.move_before_contract_end(
+        attempt.pk, now=now
+    )
 
 
 def move_is_due(attempt: Attempt, *, now: datetime, lead: timedelta) -> bool:
@@ -140,8 +226,33 @@ def nudge_planned(now: datetime) -> int:
     ids = list(stale)
     for attempt_id in ids:
         logger.warning("attempt %s was never claimed; sending its rent message again", attempt_id)
-        lifecycle.send_task(lifecycle.RENT_TASK, attempt_id)
+        try:
+            lifecycle.send_task(lifecycle.RENT_TASK, attempt_id)
+        except Exception:  # the broker: every nudge would fail alike; the next tick retries
+            logger.exception("could not send the rent message of attempt %s again", attempt_id)
+            break
     return len(ids)
+
+
+def settle_unsent_claims(now: datetime) -> int:
+    """Claims of rents whose process died before a create was sent: nothing can exist at Vast,
+    so each is settled at once, without a provider call, and its job is planned again in this
+    same pass (``rent_claims``). Claims with a create sent wait for the provider poll, which
+    adopts by label. Says how many were settled."""
+    claimed = Attempt.objects.filter(state=AttemptState.REQUESTED, create_sent_at=None).order_by()
+    settled = 0
+    for attempt in claimed:
+        if rent_claims.claim_is_dead(attempt, now=now):
+            outcome = attention.guarded(
+                renting.settle_dead_claim,
+                attempt,
+                None,
+                now=now,
+                job_id=attempt.job_id,
+                what="settle the rent its dead worker left",
+            )
+            settled += outcome == "settled"
+    return settled
 
 
 def provider_poll_due(now: datetime) -> bool:
@@ -157,40 +268,165 @@ def provider_poll_due(now: datetime) -> bool:
     return created
 
 
-def find_due_losses(now: datetime) -> list[Loss]:
-    """Losses among attempts whose deadline passed (one indexed query), with their causes."""
+def find_due_losses(now: datetime, evidence: silence.Evidence | None = None) -> list[Loss]:
+    """Losses among attempts whose deadline passed (one indexed query), with their causes.
+
+    Silence that the supervisor caused (its agent API down, every agent silent at once) is
+    held, never a loss (``jobs.silence``): an outage is opened for the status page, and each
+    attempt's silence counts again from the moment ingest works. An attempt that is not lost
+    after all is looked at again when it could be (its deadline moved there)."""
+    evidence = evidence if evidence is not None else gather_evidence()
     # Ordered by the deadline, as the index is: the default order (by job) sorted every time.
     due = (
         Attempt.objects.filter(state__in=ON_HOST_STATES, heartbeat_deadline__lte=now)
         .select_related("job")
         .order_by("heartbeat_deadline", "pk")
     )
-    return [loss for attempt in due if (loss := cause_of_due(attempt, now)) is not None]
+    found: list[Loss] = []
+    held = False
+    for attempt in due:
+        judged = judge_due(attempt, now, evidence)
+        if judged.loss is not None:
+            found.append(judged.loss)
+        elif judged.recheck_at is not None:
+            look_again_at(attempt, judged.recheck_at, now=now)
+        held = held or judged.held
+    if held:
+        begin_outage(evidence, now=now)
+    return found
 
 
-def cause_of_due(attempt: Attempt, now: datetime) -> Loss | None:
-    """Why a due attempt counts as lost (conditions 2-5), or None if it is not after all."""
+@dataclass(frozen=True)
+class Judged:
+    """A due attempt judged: its LOSS, or when to look again (RECHECK_AT), or HELD (the
+    supervisor's own silence: looked at again every tick)."""
+
+    loss: Loss | None = None
+    recheck_at: datetime | None = None
+    held: bool = False
+
+
+def cause_of_due(
+    attempt: Attempt, now: datetime, evidence: silence.Evidence | None = None
+) -> Loss | None:
+    """Why a due attempt counts as lost (conditions 2-5), or None if it is not after all.
+    EVIDENCE is what is known of the ingest path (``jobs.silence``); without it, silence is
+    judged on the stored beats alone."""
+    return judge_due(attempt, now, evidence or silence.NO_EVIDENCE).loss
+
+
+def judge_due(attempt: Attempt, now: datetime, evidence: silence.Evidence) -> Judged:
+    """``cause_of_due`` with when to look again: conditions 5, 3, 2 and 4, in that order."""
     job = attempt.job
     if attempt.registered_at is None:
-        return Loss(attempt.pk, "never_registered", never_registered_detail(attempt))
-    if attempt.gpu_ok is False:
-        return Loss(attempt.pk, "gpu_fault", attempt.gpu_error[:300])
+        verdict = silence.start_verdict(
+            rented_at=attempt.rented_at,
+            start_timeout_s=job.start_timeout_s,
+            evidence=evidence,
+            now=now,
+        )
+        loss = Loss(attempt.pk, "never_registered", never_registered_detail(attempt))
+        return judged(verdict, loss)
+    if attempt.gpu_ok is False:  # the agent itself said so: no outage can explain it
+        return Judged(Loss(attempt.pk, "gpu_fault", attempt.gpu_error[:300]))
     timeout = job.heartbeat_timeout
-    if attempt.last_heartbeat_at is None or attempt.last_heartbeat_at + timeout <= now:
+    verdict = silence.heartbeat_verdict(
+        last_heartbeat_at=attempt.last_heartbeat_at,
+        registered_at=attempt.registered_at,
+        interval_s=job.heartbeat_interval_s,
+        timeout=timeout,
+        evidence=evidence,
+        others_beating=max(evidence.beating - 1, 0),
+        now=now,
+    )
+    if verdict.kind != silence.NOT_YET:
         silent = f"silent for more than {timeout.total_seconds():g} s"
-        return Loss(attempt.pk, "heartbeat_timeout", silent)
-    if is_stalled(attempt, now):
-        return Loss(attempt.pk, "stalled", f"step {attempt.step} for {job.stall_timeout_s} s")
-    return None
+        return judged(verdict, Loss(attempt.pk, "heartbeat_timeout", silent))
+    if silence.reported_since_outage(attempt.last_heartbeat_at, evidence) and is_stalled(
+        attempt, now
+    ):
+        return Judged(
+            Loss(attempt.pk, "stalled", f"step {attempt.step} for {job.stall_timeout_s} s")
+        )
+    return Judged(recheck_at=verdict.recheck_at)
+
+
+def judged(verdict: silence.Verdict, loss: Loss) -> Judged:
+    """LOSS when VERDICT says lost; otherwise when to look again, or held."""
+    if verdict.kind == silence.LOST:
+        return Judged(loss)
+    return Judged(recheck_at=verdict.recheck_at, held=verdict.kind == silence.HOLD)
+
+
+def look_again_at(attempt: Attempt, moment: datetime, *, now: datetime) -> None:
+    """Move ATTEMPT's deadline to MOMENT, unless a heartbeat moved it meanwhile."""
+    Attempt.objects.filter(pk=attempt.pk, heartbeat_deadline__lte=now).update(
+        heartbeat_deadline=max(moment, now)
+    )
+
+
+def gather_evidence() -> silence.Evidence:
+    """What this tick knows of the ingest path: the web's beacon and outages
+    (``nomadgpu.ingest``) and the newest beat stored for any live attempt (one query)."""
+    ingest = read_ingest()
+    beating = Attempt.objects.filter(state__in=ON_HOST_STATES, registered_at__isnull=False)
+    seen = beating.order_by().aggregate(last=Max("last_heartbeat_at"), n=Count("id"))
+    return silence.Evidence(
+        web_seen_at=ingest.web_seen_at,
+        last_beat_at=seen["last"],
+        beating=seen["n"],
+        resumed_at=ingest.resumed_at,
+        outage_open=ingest.open is not None,
+        open_cause=ingest.open.cause if ingest.open else "",
+        open_since=ingest.open.started_at if ingest.open else None,
+        web_gap=ingest_gap() if beacon_interval_s() > 0 else None,
+    )
+
+
+def begin_outage(evidence: silence.Evidence, *, now: datetime) -> None:
+    """Losses were held: record the outage (once) for the status page, with its cause: the
+    web's beacon stopped, or the web is up and no agent gets through."""
+    if evidence.outage_open:
+        return
+    web_down = evidence.web_seen_at is not None and now - evidence.web_seen_at > ingest.gap()
+    if web_down:
+        ingest.begin_outage(cause=IngestOutage.WEB_DOWN, started_at=evidence.web_seen_at)
+    else:
+        # The last moment ingest was known to work: a beat, the beacon, or the end of the
+        # outage before this one (agents still reconnecting after it must not back-date this
+        # one into it).
+        known = [m for m in (evidence.last_beat_at, evidence.resumed_at) if m is not None]
+        started = max(known) if known else evidence.web_seen_at or now
+        ingest.begin_outage(cause=IngestOutage.AGENTS_SILENT, started_at=started)
+
+
+def end_outage_if_over(evidence: silence.Evidence, *, now: datetime) -> bool:
+    """Close the open outage once ingest is seen working again after it began: a beat stored
+    after it, the web's beacon again (its own write closes it too, after a longer gap), or no
+    agent left to hear from. True when this call closed it."""
+    if not evidence.outage_open:
+        return False
+    since = evidence.open_since
+    beat_after = evidence.last_beat_at is not None and evidence.last_beat_at > since
+    if evidence.open_cause == IngestOutage.WEB_DOWN:
+        over = (evidence.web_seen_at is not None and evidence.web_seen_at > since) or (
+            evidence.last_beat_at is not None and evidence.last_beat_at > since + ingest.gap()
+        )
+    else:
+        over = beat_after or evidence.beating == 0
+    if over:
+        ingest.end_outage(now=now, cause=evidence.open_cause, started_at=since)
+    return over
 
 
 def never_registered_detail(attempt: Attempt) -> str:
     """Why a start timed out, in the provider's words where it gave any: an instance stuck in
-    ``created`` with "OCI runtime create failed" never ran the container at all."""
+    ``created`` whose runtime failed ("OCI runtime create failed", ``container_runtime_failed``)
+    never ran the container at all."""
     detail = f"no agent within {attempt.job.start_timeout_s:g} s"
     said = attempt.provider_status_msg.strip()
-    if "OCI runtime create failed" in said:  # first: the interruption keeps 300 characters
-        detail += ": the host could not start the container (OCI runtime create failed)"
+    if container_runtime_failed(said):  # first: the interruption keeps 300 characters
+        detail += ": the host could not start the container (its container runtime failed)"
     if attempt.provider_status and said:
         detail += f"; the provider shows it {attempt.provider_status}: {said}"
     return detail
@@ -219,31 +455,56 @@ def provider_loss(attempt: Attempt, instance: Instance | None) -> Loss | None:
         return Loss(attempt.pk, f"provider_{status}", instance.status_msg or "")
     if status == "unknown" and attempt.provider_unknown_polls >= 1:
         return Loss(attempt.pk, "provider_unknown", "no host heartbeat for two polls")
+    if all_stopped(instance) and container_runtime_failed(instance.status_msg):
+        why = f"the host could not start the container: {instance.status_msg}"
+        return Loss(attempt.pk, START_FAILED, why)
     if is_outbid(instance):
         return Loss(attempt.pk, "outbid", "interruptible instance paused by a higher bid")
+    if gave_up_before_running(instance):
+        why = f"Vast stopped the contract before the container ran ({status or 'provisioning'})"
+        said = f": {instance.status_msg}" if instance.status_msg else ""
+        return Loss(attempt.pk, "provider_stopped", why + said)
     if status == "stopped":  # Vast stopped it (credit, contract end): it will not train again
         return Loss(attempt.pk, "provider_stopped", instance.status_msg or "")
     return None
 
 
+def all_stopped(instance: Instance) -> bool:
+    """Whether Vast has given INSTANCE's contract up: ``cur_state``, ``intended_status`` and
+    ``next_state`` all ``"stopped"`` (dstack's Vast backend, ``compute.py``, reads exactly this
+    as lost: "can happen, among other cases, when a spot instance is outbid"). ``cur_state``
+    alone is not enough: a healthy instance shows it ``stopped`` while its image loads."""
+    return (instance.cur_state, instance.intended_status, instance.next_state) == ("stopped",) * 3
+
+
+def gave_up_before_running(instance: Instance) -> bool:
+    """Whether Vast gave the contract up while ``actual_status`` still says ``created`` or
+    ``loading`` (recorded instance bodies show both: a host that could not create the
+    container, a bid outbid while its image loaded): nothing will start it, so waiting out the
+    start timeout only bills storage."""
+    return all_stopped(instance) and instance.actual_status in BEFORE_RUNNING
+
+
 def is_outbid(instance: Instance) -> bool:
-    """Whether Vast paused an interruptible INSTANCE for a higher bid: it then shows
-    ``cur_state == intended_status == next_state == "stopped"`` (dstack's Vast backend,
-    ``compute.py``, from real instances: Vast flips the intended state too)."""
-    stopped = (instance.cur_state, instance.intended_status, instance.next_state)
-    return bool(instance.is_bid) and stopped == ("stopped",) * 3
+    """Whether Vast paused an interruptible INSTANCE for a higher bid (``all_stopped``; Vast
+    flips the intended state too), before or after it ran. Not when its ``status_msg`` says the
+    container runtime failed: that host cannot run the container at any bid."""
+    return (
+        bool(instance.is_bid)
+        and all_stopped(instance)
+        and not container_runtime_failed(instance.status_msg)
+    )
 
 
 def outbid_choice_for(
     attempt: Attempt, instance: Instance, *, now: datetime
 ) -> selection.OutbidChoice:
-    """``selection.outbid_choice_from_decision`` with ATTEMPT's numbers: the steps left from
+    """``RentDecision.outbid_choice`` with ATTEMPT's numbers: the steps left from
     its newest checkpoint at its observed speed, the margin it bid, the machine's new floor
     and the team's interruption history."""
     job = attempt.job
     done = Checkpoint.objects.filter(job_id=job.pk).newest_ready_step() or 0
-    return selection.outbid_choice_from_decision(
-        attempt.decision or {},
+    return RentDecision.of(attempt).outbid_choice(
         machine_id=attempt.machine_id,
         steps_left=max((job.total_steps or attempt.total_steps or 0) - done, 0),
         seconds_per_step=attempt.seconds_per_step,
@@ -288,16 +549,12 @@ def raise_bid_if_it_pays(
 
 
 def poll_providers(now: datetime) -> list[Loss]:
-    """One paged list call per account: provider-confirmed losses, adoptions, orphans."""
-    live = Attempt.objects.live().select_related("job__team")
-    by_account: dict[tuple[str, str], list[Attempt]] = defaultdict(list)
-    for attempt in live:
-        by_account[account_of(attempt.job.team)].append(attempt)
-    default_account = account_of(None)
-    by_account.setdefault(default_account, [])  # orphans are looked for on the server's account
+    """One paged list call per account: provider-confirmed losses, adoptions, orphans. An
+    account that cannot be polled (its key no longer opens, Vast refuses it) is a
+    supervisor-health line; the other accounts are polled all the same."""
     found: list[Loss] = []
     errors: list[str] = []
-    for (url, key), attempts in by_account.items():
+    for (url, key), attempts in attempts_by_account(errors).items():
         try:
             with VastClient(key, url) as client:
                 instances = client.list_instances()
@@ -305,6 +562,12 @@ def poll_providers(now: datetime) -> list[Loss]:
         except VastError as exc:
             logger.warning("provider poll of %s failed: %s", url, exc)
             errors.append(f"{url}: {exc}")
+        except (OperationalError, InterfaceError):
+            raise
+        except Exception as exc:
+            logger.exception("provider poll of %s failed", url)
+            errors.append(f"{url}: {attention.describe(exc)}")
+            attention.account_failed(url, attention.describe(exc))
     # The status page's "provider reachable" (it shows only ok and the time, never the error).
     ServiceHeartbeat.objects.update_or_create(
         name="provider",
@@ -316,6 +579,33 @@ def poll_providers(now: datetime) -> list[Loss]:
     return found
 
 
+def attempts_by_account(errors: list[str]) -> dict[tuple[str, str], list[Attempt]]:
+    """The live attempts grouped by the provider account they rent on; a team whose account
+    cannot be read (a Vast key sealed under a key no longer configured) is left out, and
+    said so in ERRORS once per team."""
+    # The teams' secrets are opened one team at a time, inside its own try: one that does not
+    # open (it is decrypted as its row loads) must not fail the query for every team.
+    secrets = [f"job__team__{name}" for name in Team.SECRET_FIELDS]
+    live = Attempt.objects.live().select_related("job__team").defer(*secrets)
+    by_team: dict[int, list[Attempt]] = defaultdict(list)
+    for attempt in live:
+        by_team[attempt.job.team_id].append(attempt)
+    by_account: dict[tuple[str, str], list[Attempt]] = defaultdict(list)
+    by_account[account_of(None)] = []  # orphans are looked for on the server's account
+    for attempts in by_team.values():
+        team = attempts[0].job.team
+        try:
+            account = account_of(team)
+        except Exception as exc:
+            why = f"team {team.slug}: its Vast account cannot be used ({attention.describe(exc)})"
+            logger.error("provider poll: %s", why)
+            errors.append(why)
+            attention.account_failed(f"team {team.slug}", why)
+            continue
+        by_account[account].extend(attempts)
+    return by_account
+
+
 def account_of(team) -> tuple[str, str]:
     url = (team.vast_url if team and team.vast_url else settings.VAST_URL).rstrip("/")
     key = team.vast_api_key if team and team.vast_api_key else settings.VAST_API_KEY
@@ -325,24 +615,141 @@ def account_of(team) -> tuple[str, str]:
 def reconcile_account(
     client: VastClient, attempts: list[Attempt], instances: list[Instance], now: datetime
 ) -> list[Loss]:
+    """What one account's instance list says of its live attempts (each attempt its own unit:
+    its error stays with its job), then its orphans reaped."""
     by_id = {instance.id: instance for instance in instances}
     by_label = {instance.label: instance for instance in instances if instance.label}
     found: list[Loss] = []
     for attempt in attempts:
-        if attempt.state == AttemptState.REQUESTED:
-            adopt_or_close(attempt, by_label.get(attempt.label), now)
-        elif attempt.state in ON_HOST_STATES and attempt.instance_id is not None:
-            instance = by_id.get(attempt.instance_id)
-            loss = provider_loss(attempt, instance)
-            note_provider_status(attempt, instance)
-            outbid = loss is not None and loss.cause == "outbid"
-            if outbid and raise_bid_if_it_pays(client, attempt, instance, now=now):
-                continue
-            if loss is not None:
-                found.append(loss)
+        loss = attention.guarded(
+            reconcile_attempt,
+            client,
+            attempt,
+            by_id,
+            by_label,
+            now=now,
+            job_id=attempt.job_id,
+            what="read what the provider says of its host",
+        )
+        if loss is not None:
+            found.append(loss)
     owned = {a.instance_id for a in attempts if a.instance_id} | {a.label for a in attempts}
     reap_orphans(client, instances, owned, now)
     return found
+
+
+def reconcile_attempt(
+    client: VastClient, attempt: Attempt, by_id: dict, by_label: dict, *, now: datetime
+) -> Loss | None:
+    """ATTEMPT against the provider's view: a create to adopt or settle, or its host's loss."""
+    if attempt.state == AttemptState.REQUESTED:
+        adopt_or_close(attempt, by_label.get(attempt.label), now)
+        return None
+    if attempt.state not in ON_HOST_STATES or attempt.instance_id is None:
+        return None
+    instance = by_id.get(attempt.instance_id)
+    loss = provider_loss(attempt, instance)
+    note_provider_status(attempt, instance)
+    if loss is not None and loss.cause == OFFLINE:
+        return offline_loss_unless_waiting(attempt, loss, now=now)
+    if attempt.offline_since is not None and instance is not None:
+        note_host_back(attempt, now=now)
+    outbid = loss is not None and loss.cause == "outbid"
+    if outbid and raise_bid_if_it_pays(client, attempt, instance, now=now):
+        return None
+    return loss
+
+
+def wait_choice_for(attempt: Attempt, *, offline_s: float, now: datetime) -> WaitOrMove:
+    """``RentDecision.wait_or_move`` with ATTEMPT's numbers: its machine's offline history,
+    the cap, its GPU $/h and the team's interruption rates."""
+    machine = Machine.objects.filter(machine_id=attempt.machine_id).first()
+    return RentDecision.of(attempt).wait_or_move(
+        machine_id=attempt.machine_id,
+        offline_s=offline_s,
+        cap_s=settings.HOST_RETURN_CAP_S,
+        history=machine.return_history if machine else ReturnHistory(),
+        usd_per_hour=attempt.dph_base or 0.0,
+        rates=renting.preemption_rates(attempt.job.team_id, now=now),
+    )
+
+
+def offline_loss_unless_waiting(attempt: Attempt, loss: Loss, *, now: datetime) -> Loss | None:
+    """A running ATTEMPT's host is offline: None while waiting for it is expected to be
+    cheaper than moving (``hosts.wait_or_move``, decided again at every poll with the odds
+    as they now stand, and never past ``HOST_RETURN_CAP_S``), else LOSS, dated from when it
+    went offline. The choice and its numbers go on the job's timeline when it is first made
+    and when it turns to moving. A host offline before the agent ran moves at once: nothing
+    is on its disk yet that a restart would save."""
+    if attempt.state != AttemptState.RUNNING:
+        return loss
+    since = attempt.offline_since or now
+    choice = wait_choice_for(attempt, offline_s=(now - since).total_seconds(), now=now)
+    first = attempt.offline_since is None
+    if choice.wait:
+        if first:
+            start_waiting(attempt, choice, now=now)
+        return None
+    kind = "host_offline" if first else "host_offline_move"
+    message = f"host offline on instance {attempt.instance_id}: {choice.why}"
+    lifecycle.record_event(attempt.job_id, now=now, kind=kind, message=message, **choice.as_dict())
+    if not first:
+        Machine.objects.filter(machine_id=attempt.machine_id).update(
+            offline_never=F("offline_never") + 1
+        )
+        waited = f"; did not come back within {(now - since).total_seconds():.0f} s"
+        return Loss(loss.attempt_id, loss.cause, (loss.detail + waited).lstrip("; "), since)
+    return loss
+
+
+def start_waiting(attempt: Attempt, choice: WaitOrMove, *, now: datetime) -> None:
+    """Wait for ATTEMPT's offline host: from NOW, with the heartbeat rule held off until the
+    deadline has passed by two polls (the poll, not silence, decides while the provider
+    says offline)."""
+    polls = timedelta(seconds=2 * settings.PROVIDER_POLL_INTERVAL_S)
+    if not Attempt.objects.filter(pk=attempt.pk, offline_since__isnull=True).update(
+        offline_since=now, heartbeat_deadline=now + grace(choice.deadline_s) + polls
+    ):
+        return  # another poll started waiting first
+    lifecycle.record_event(
+        attempt.job_id,
+        now=now,
+        kind="host_offline",
+        message=f"host offline on instance {attempt.instance_id}: {choice.why}",
+        **choice.as_dict(),
+    )
+
+
+def note_host_back(attempt: Attempt, *, now: datetime) -> None:
+    """ATTEMPT's host no longer shows offline. Once its agent has been heard again (the
+    container restarted on the same disk, the agent registered with the same token and
+    resumed from the checkpoint it holds), the wait is over: the job page says after how
+    long, and the machine's history counts a return. Until then, the agent gets its start
+    timeout to come back."""
+    since = attempt.offline_since
+    if attempt.last_heartbeat_at is None or attempt.last_heartbeat_at <= since:
+        if attempt.provider_status == "offline":  # the first poll that sees it back
+            Attempt.objects.filter(pk=attempt.pk).update(
+                heartbeat_deadline=now + timedelta(seconds=attempt.job.start_timeout_s)
+            )
+        return
+    back_s = (attempt.last_heartbeat_at - since).total_seconds()
+    if not Attempt.objects.filter(pk=attempt.pk, offline_since=since).update(
+        offline_since=None, offline_s=F("offline_s") + back_s
+    ):
+        return  # another tick saw it first
+    Machine.objects.filter(machine_id=attempt.machine_id).update(
+        offline_returns=F("offline_returns") + 1, offline_return_s=F("offline_return_s") + back_s
+    )
+    lifecycle.record_event(
+        attempt.job_id,
+        now=now,
+        kind="host_back",
+        message=f"host came back after {back_s:.0f} s; resumed on the same machine "
+        f"(instance {attempt.instance_id})",
+        offline_s=round(back_s, 1),
+        instance_id=attempt.instance_id,
+    )
 
 
 def note_provider_status(attempt: Attempt, instance: Instance | None) -> None:
@@ -369,19 +776,16 @@ def contract_end(instance: Instance | None) -> datetime | None:
 
 
 def adopt_or_close(attempt: Attempt, instance: Instance | None, now: datetime) -> None:
-    """A create whose outcome was unknown: adopt the labelled instance, or give up after grace."""
+    """A create whose outcome was unknown: adopt the labelled instance, or give up after grace.
+    A claim whose renting process died is settled at once (``rent_claims``)."""
+    if rent_claims.claim_is_dead(attempt, now=now):
+        renting.settle_dead_claim(attempt, instance, now=now)
+        return
     requested = attempt.requested_at or attempt.created_at
     if now - requested < grace(settings.ADOPT_AFTER_S):
         return  # the renting worker may still be waiting for the create call
     if instance is not None:
-        logger.info("adopting instance %s for %s by its label", instance.id, attempt)
-        lifecycle.mark_rented(
-            attempt.pk,
-            fields=renting.instance_fields(instance),
-            instance_id=instance.id,
-            decision={"adopted": True},
-            now=now,
-        )
+        renting.adopt(attempt, instance, now=now)
     elif now - requested >= grace(settings.REQUESTED_GRACE_S):
         renting.give_up_renting(attempt, now=now, why="instance creation never completed")
 
@@ -408,6 +812,7 @@ def jobs_needing_a_host(now: datetime) -> list[int]:
     """Jobs waiting for a host with no live attempt whose backoff has passed."""
     return list(
         Job.objects.filter(state__in=lifecycle.NEEDS_HOST)
+        .exclude(stage_state=lifecycle.STAGING)
         .exclude(attempts__state__in=LIVE_ATTEMPT_STATES)
         .exclude(next_rent_at__gt=now)
         .order_by("pk")  # oldest first; the default (-created_at) sorted every time

@@ -1,7 +1,9 @@
 """Admin access by team role: a team admin manages their teams' objects and nothing else.
 
 Superusers see everything. Others see only rows of teams where they hold the admin role; any
-other row is reported as missing (404), never as forbidden.
+other row is reported as missing (404), never as forbidden. ``created_at`` is shown read-only
+on every page and inline: it records when a row was made, and an editable one would let the
+history say anything.
 """
 
 from __future__ import annotations
@@ -14,8 +16,24 @@ from nomadgpu import crypto
 from nomadgpu.models import Role, Team
 from nomadgpu.permissions import teams_with_role
 
+CREATED_AT = "created_at"
 
-class TeamScopedAdmin(admin.ModelAdmin):
+
+def with_created_at_read_only(model, fields) -> tuple[str, ...]:
+    """FIELDS, plus ``created_at`` when MODEL has that column."""
+    fields = tuple(fields)
+    has_it = any(f.name == CREATED_AT for f in model._meta.fields)
+    return (*fields, CREATED_AT) if has_it and CREATED_AT not in fields else fields
+
+
+class CreatedAtReadOnly:
+    """Mixin for a ModelAdmin or an inline: ``created_at`` is never a form field."""
+
+    def get_readonly_fields(self, request, obj=None):
+        return with_created_at_read_only(self.model, super().get_readonly_fields(request, obj))
+
+
+class TeamScopedAdmin(CreatedAtReadOnly, admin.ModelAdmin):
     team_path = "team"  # lookup from this model to its Team; "" when the model is Team
 
     def admin_teams(self, request):

@@ -17,6 +17,7 @@ api = NinjaAPI(
 
 api.add_router("/agent", "jobs.agent_api.router")
 api.add_router("/jobs", "portal.member_api.router")
+api.add_router("/workdirs", "portal.workdir_api.router")
 
 
 @api.exception_handler(RequestDataTooBig)

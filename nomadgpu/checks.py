@@ -69,7 +69,8 @@ def encryption_key_check(app_configs=None, **kwargs) -> list[Error]:
 
 @register(Tags.database)
 def watchdog_lag_check(app_configs=None, **kwargs) -> list[Warning]:
-    """Run by ``manage.py check --database default`` (and ``migrate``): the watchdog is behind."""
+    """The watchdog is behind while it should be ticking (``nomadgpu.health``'s rule: only
+    while beat is up, so a restart before beat has run is quiet)."""
     from nomadgpu.health import watchdog_lag_problem
 
     try:

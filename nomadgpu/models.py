@@ -5,6 +5,7 @@ from zoneinfo import available_timezones
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import RegexValidator
 from django.db import models
 from django.utils import timezone
 
@@ -57,6 +58,34 @@ class Team(models.Model):
     )
 
 
+class TeamSecret(models.Model):
+    """A value a team's jobs may name (``HF_TOKEN``, ``WANDB_API_KEY``, a registry login, a git
+    deploy key): sealed at rest like the Vast key and never shown again; the agent of a job
+    that names it gets it over its authenticated register call and puts it in the command's
+    environment (never in the provider's create request)."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="secrets")
+    name = models.CharField(
+        max_length=64,
+        validators=[
+            RegexValidator(
+                r"^[A-Za-z_][A-Za-z0-9_]*$",
+                "A secret's name is an environment variable name: letters, digits and _.",
+            )
+        ],
+    )
+    value = EncryptedTextField()
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="one_secret_per_name")]
+        ordering = ["team__name", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.team})"
+
+
 class Role(models.TextChoices):
     MEMBER = "member", "Member"
     FINANCE = "finance", "Finance"
@@ -94,6 +123,32 @@ class ServiceHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class IngestOutage(models.Model):
+    """A time the agent API could not take heartbeats: the web process down, its database
+    unreachable, or every agent silent at once (a broken proxy, DNS or certificate between the
+    hosts and the portal). Heartbeat silence inside one is the supervisor's, not the hosts':
+    the watchdog counts each attempt's silence from ``ended_at`` (``nomadgpu.ingest``)."""
+
+    WEB_DOWN = "web_down"
+    AGENTS_SILENT = "agents_silent"
+    CAUSES = ((WEB_DOWN, "agent API down"), (AGENTS_SILENT, "no agent reached the agent API"))
+
+    cause = models.CharField(max_length=16, choices=CAUSES)
+    started_at = models.DateTimeField(help_text="The last moment ingest was known to work.")
+    ended_at = models.DateTimeField(null=True, blank=True, help_text="Empty while it lasts.")
+
+    class Meta:
+        ordering = ["-started_at"]
+        indexes = [models.Index(fields=["ended_at"])]
+        # Its start is the last moment ingest was known to work: the web's beacon coming back
+        # and the watchdog seeing it gone can both record the same outage at once (a database
+        # restart reconnects them together), and they must land on one row.
+        constraints = [models.UniqueConstraint(fields=["started_at"], name="one_outage_per_start")]
+
+    def __str__(self) -> str:
+        return f"{self.get_cause_display()} from {self.started_at:%Y-%m-%d %H:%M:%S}"
 
 
 class ApiToken(models.Model):

@@ -7,6 +7,7 @@ forbidden, so a URL does not reveal that another team's object exists.
 
 from __future__ import annotations
 
+from django.contrib.auth import get_user_model
 from django.db.models import Model, QuerySet
 from django.http import Http404
 
@@ -27,6 +28,20 @@ def teams_with_role(user, *roles: str) -> QuerySet[Team]:
     if not user.is_authenticated:
         return Team.objects.none()
     return Team.objects.filter(memberships__user=user, memberships__role__in=roles)
+
+
+def is_any_team_admin(user) -> bool:
+    """USER holds the admin role in at least one team."""
+    return teams_with_role(user, Role.ADMIN).exists()
+
+
+def users_visible_to(user) -> QuerySet:
+    """The users USER may pick in the admin: everyone for a superuser, else the members of
+    the teams USER administers (a team admin never sees another team's people)."""
+    users = get_user_model().objects.order_by("username")
+    if user.is_superuser:
+        return users
+    return users.filter(memberships__team__in=teams_with_role(user, Role.ADMIN)).distinct()
 
 
 def role_in(user, team: Team) -> str | None:

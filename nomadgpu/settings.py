@@ -118,6 +118,10 @@ DATABASES = {
     "default": dj_database_url.parse(
         env("DATABASE_URL", f"sqlite:///{VAR_DIR / 'nomadgpu.sqlite3'}"),
         conn_max_age=envint("DATABASE_CONN_MAX_AGE", 60),
+        # A kept connection is checked before a request or task reuses it: after a database
+        # restart the first heartbeat each web thread takes would otherwise fail on a dead
+        # connection (a 500), and the agent back off once more before its beat lands.
+        conn_health_checks=True,
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
@@ -229,8 +233,15 @@ RENT_BACKOFF_CAP_S = envint("RENT_BACKOFF_CAP_S", 300)
 # A job is moved off a host this long before the host's contract ends (Vast stops an expired
 # instance for good): time to checkpoint, rent a replacement and start it.
 CONTRACT_MOVE_LEAD_S = envfloat("CONTRACT_MOVE_LEAD_S", 1800.0)
+# A job whose host went offline may wait this long in all for it to come back (with its disk)
+# before it moves, when waiting is expected to be cheaper (``hosts.wait_or_move``).
+HOST_RETURN_CAP_S = envfloat("HOST_RETURN_CAP_S", 600.0)
 # One paged instance-list call per provider account at most this often (DESIGN: ~10 s).
 PROVIDER_POLL_INTERVAL_S = envfloat("PROVIDER_POLL_INTERVAL_S", 10.0)
+# How often each web process writes its beacon (``nomadgpu.ingest``): the agent API is up and
+# its database answers. Heartbeat silence while it is not is the supervisor's, never a host's.
+# Keep it well under the shortest heartbeat interval; 0 turns the beacon off.
+WEB_BEACON_INTERVAL_S = envfloat("WEB_BEACON_INTERVAL_S", 1.0)
 # How often the notification outbox is swept for due (retried) deliveries.
 NOTIFY_INTERVAL_S = envfloat("NOTIFY_INTERVAL_S", 5.0)
 # Spending limits: how long ahead of the money running out a job is asked for its checkpoint
@@ -279,7 +290,7 @@ LATE_UPLOAD_SWEEP_INTERVAL_S = 600.0
 CELERY_BEAT_SCHEDULE = {
     "watchdog-tick": every("jobs.tasks.watchdog_tick", WATCHDOG_INTERVAL_S),
     # Spending limits, at the watchdog's cadence (and once when a worker starts).
-    "budget-enforce": every("jobs.tasks.enforce_budgets", WATCHDOG_INTERVAL_S),
+    "budget-enforce": every("billing.tasks.enforce_budgets", WATCHDOG_INTERVAL_S),
     # Retries and anything a lost nudge left behind; each event also nudges it on commit.
     "notify-deliver-due": every("notify.tasks.deliver_due", NOTIFY_INTERVAL_S),
     "billing-sync-invoices": every("billing.tasks.sync_invoices", INVOICE_SYNC_INTERVAL_S),
@@ -300,6 +311,16 @@ S3_BUCKET = env("S3_BUCKET", "nomadgpu")
 S3_ACCESS_KEY_ID = env("S3_ACCESS_KEY_ID", "")
 S3_SECRET_ACCESS_KEY = env("S3_SECRET_ACCESS_KEY", "")
 S3_REGION = env("S3_REGION", "auto")
+# A job's packed code folder (``workdir``), before encryption, in MiB: the member API answers 413
+# over it and the portal's form refuses the archive (jobs.workdirs).
+WORKDIR_MAX_MB = envint("WORKDIR_MAX_MB", 200)
+# Staged model weights (jobs.staging): the Hugging Face Hub the worker mirrors repos from, and
+# how often a mirror that failed on the network or storage is tried again before the job fails.
+HF_ENDPOINT = env("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+STAGE_TASK_RETRIES = envint("STAGE_TASK_RETRIES", 5)
+# A staging job none of whose mirrors moved for this long has its task sent again by the
+# watchdog (a lost message); tests shorten it.
+STAGE_NUDGE_AFTER_S = envint("STAGE_NUDGE_AFTER_S", 60)
 
 # --- Notifications ---------------------------------------------------------------------
 # The Bot API base URL; tests point it at a local server speaking the same protocol.
@@ -310,20 +331,28 @@ TELEGRAM_API_URL = env("TELEGRAM_API_URL", "https://api.telegram.org").rstrip("/
 # times a second: each HTTP request (agents' heartbeats), each task run and each beat tick.
 LOG_LEVEL = env("LOG_LEVEL", "INFO").upper()
 _REPEATING_LEVEL = "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING"
+# Django's own "django" logger prints to a console of its own while DEBUG is on, and then
+# passes the record to the root's: every warning of Django's appeared twice. Here it only
+# passes them on. A refused request (403) is one line without its traceback.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "filters": {"one_line_refusal": {"()": "nomadgpu.log_filters.OneLineRefusal"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
-        name: {"level": _REPEATING_LEVEL}
-        for name in (
-            "django.server",  # runserver's line per request
-            "httpx",  # a line per provider or storage call
-            "celery.app.trace",  # "Task ... succeeded"
-            "celery.worker.strategy",  # "Task ... received"
-            "celery.beat",  # "Scheduler: Sending due task"
-        )
+        "django": {"handlers": [], "propagate": True},
+        "django.request": {"filters": ["one_line_refusal"]},
+        **{
+            name: {"level": _REPEATING_LEVEL}
+            for name in (
+                "django.server",  # runserver's line per request
+                "httpx",  # a line per provider or storage call
+                "celery.app.trace",  # "Task ... succeeded"
+                "celery.worker.strategy",  # "Task ... received"
+                "celery.beat",  # "Scheduler: Sending due task"
+            )
+        },
     },
 }

@@ -80,6 +80,7 @@ class ObjectStore(Protocol):
     def abort_multipart(self, key: str, upload_id: str) -> None: ...
     def head(self, key: str) -> ObjectInfo | None: ...
     def put_bytes(self, key: str, data: bytes, *, only_if_absent: bool = False) -> None: ...
+    def put_file(self, key: str, source: BinaryIO) -> None: ...
     def open_read(self, key: str) -> BinaryIO: ...
     def list_keys(self, prefix: str) -> list[str]: ...
     def delete_keys(self, keys: list[str]) -> None: ...
@@ -167,6 +168,10 @@ class S3ObjectStore:
     def put_bytes(self, key: str, data: bytes, *, only_if_absent: bool = False) -> None:
         extra = {"IfNoneMatch": "*"} if only_if_absent else {}
         self.client.put_object(Bucket=self.bucket, Key=key, Body=data, **extra)
+
+    def put_file(self, key: str, source: BinaryIO) -> None:
+        """Store what SOURCE holds from its current position (multipart when large)."""
+        self.client.upload_fileobj(source, self.bucket, key)
 
     def open_read(self, key: str) -> BinaryIO:
         return self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
@@ -328,6 +333,10 @@ class LocalObjectStore:
         if only_if_absent and path.exists():
             raise StorageError(f"{key} already exists")
         self.write_object(key, iter([data]))
+
+    def put_file(self, key: str, source: BinaryIO) -> None:
+        """Store what SOURCE holds from its current position, streamed."""
+        self.write_object(key, iter(lambda: source.read(READ_CHUNK), b""))
 
     def open_read(self, key: str) -> BinaryIO:
         path = self.path_for(key)

@@ -1,7 +1,8 @@
 """``nomadgpu``: the member API from a terminal (argparse + httpx, no Django).
 
-A distribution of its own (``pip install .`` from a checkout installs this package and
-httpx, nothing of the server): it imports only the standard library and httpx.
+A distribution of its own (``pip install .`` from a checkout installs this package, httpx
+and pathspec, nothing of the server): it imports only the standard library, httpx and pathspec
+(the ``.gitignore`` rules of a code pack, ``pack.py``).
 
     nomadgpu submit job.toml|--template NAME [--team T] [--follow]
     nomadgpu status [JOB]
@@ -9,11 +10,13 @@ httpx, nothing of the server): it imports only the standard library and httpx.
     nomadgpu cancel JOB
     nomadgpu drill JOB [--times N]
 
-Configuration: ``--url``/``NOMADGPU_URL`` (the portal, default http://127.0.0.1:8000) and
-``--token``/``NOMADGPU_TOKEN`` (a personal API token from /account/tokens/).
+Configuration: ``--url``/``NOMADGPU_URL`` (the portal, default http://127.0.0.1:8000),
+``--token``/``NOMADGPU_TOKEN`` (a personal API token from /account/tokens/) and
+``NOMADGPU_WORKDIR_MAX_MB`` (the biggest code pack it uploads, default 200 as the server's).
 
 Exit codes: 0 done (with ``--follow``: the job succeeded); 1 the followed job failed, was
-cancelled or paused for budget (or a drill did not recover); 2 bad usage, an unreadable job file,
-or the server refused the request (validation, not found, conflict, forbidden); 3 the token was
-not accepted; 4 the server could not be reached or failed.
+cancelled or paused for budget (or a drill did not recover); 2 bad usage, an unreadable job file
+or workdir (or one over the cap, or with a link out of it), or the server refused the request
+(validation, not found, conflict, forbidden); 3 the token was not accepted; 4 the server could
+not be reached or failed.
 """

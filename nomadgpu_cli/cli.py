@@ -7,25 +7,30 @@ import os
 import sys
 import time
 import tomllib
+import urllib.parse
 from collections.abc import Callable
 from datetime import datetime
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
+
+from nomadgpu_cli import pack
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_REFUSED, EXIT_AUTH, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
 DEFAULT_URL = "http://127.0.0.1:8000"
 ENDED = {"succeeded": EXIT_OK, "failed": EXIT_JOB_FAILED, "cancelled": EXIT_JOB_FAILED}
 # Not terminal on the server (a raised budget lets it continue), but nothing more will happen
 # without a person: a follower stops here.
-STOPPED = {**ENDED, "paused_budget": EXIT_JOB_FAILED}
+STOPPED = {**ENDED, "paused_budget": EXIT_JOB_FAILED, "needs_attention": EXIT_JOB_FAILED}
 
 
 class CliError(Exception):
-    def __init__(self, message: str, code: int) -> None:
+    def __init__(self, message: str, code: int, status: int | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.status = status  # the server's HTTP status, when it answered
 
 
 # ---- talking to the server --------------------------------------------------------------------
@@ -46,14 +51,32 @@ class Api:
         except httpx.HTTPError as exc:
             raise CliError(f"cannot reach {self.url}: {exc}", EXIT_UNREACHABLE) from exc
         if response.is_success:
-            return response.json()
-        raise CliError(describe_error(response), exit_code_for(response.status_code))
+            return response.json() if response.content else None
+        status = response.status_code
+        raise CliError(describe_error(response), exit_code_for(status), status)
 
     def get(self, path: str, **params: Any) -> Any:
         return self.call("GET", path, params={k: v for k, v in params.items() if v is not None})
 
     def post(self, path: str, body: dict | None = None) -> Any:
         return self.call("POST", path, json=body or {})
+
+    def own_url(self, url: str) -> str:
+        """URL (absolute, or a path on the portal) if it is on the portal itself: only there may
+        the token go."""
+        full = urllib.parse.urljoin(self.url + "/", url)
+        if origin(full) != origin(self.url):
+            raise CliError(
+                f"the server asked for the token to be sent to {full}, not to itself: refused",
+                EXIT_REFUSED,
+            )
+        return full
+
+
+def origin(url: str) -> tuple[str, str]:
+    """Scheme and host[:port] of URL: what must match for the token to be sent there."""
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme.lower(), parts.netloc.lower()
 
 
 def exit_code_for(status: int) -> int:
@@ -104,6 +127,33 @@ def duration(seconds: float | None, none: str = "-") -> str:
         return f"{minutes} min"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes:02d} min" if minutes else f"{hours} h"
+
+
+def loss(value: float | None, none: str = "-") -> str:
+    """The server's rule (``nomadgpu.humanize.loss``, held to the same texts by
+    ``tests/test_humanize.py``): four significant digits, "0.6931", "1.351e-05"."""
+    if value is None:
+        return none
+    return f"{value:.4g}"
+
+
+def _places(amount: Decimal) -> int:
+    if amount >= 1 or amount == 0:
+        return 2
+    return min(2 - amount.adjusted(), 6)
+
+
+def money(usd: float | None, none: str = "-") -> str:
+    """The server's rule (``nomadgpu.humanize.money``, held to the same texts by
+    ``tests/test_humanize.py``): cents from $1, three significant digits under it, at most
+    six decimals: "$1.24", "$0.0191", "$0.00820", "$0.00"."""
+    if usd is None:
+        return none
+    amount = Decimal(str(usd))
+    step = _places(abs(amount))
+    places = _places(abs(amount).quantize(Decimal(1).scaleb(-step), rounding=ROUND_HALF_UP))
+    shown = abs(amount).quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
+    return f"{'-' if amount < 0 and shown else ''}${shown:,.{places}f}"
 
 
 def progress_bar(job: dict, width: int = 30) -> str:
@@ -172,11 +222,128 @@ def cmd_submit(api: Api, args: argparse.Namespace) -> int:
     spec = read_job_file(args.file) if args.file else api.get(f"/jobs/templates/{args.template}")
     if args.team:
         spec["team"] = args.team
+    resolve_workdir(api, spec, base=Path(args.file).parent if args.file else Path.cwd())
     job = api.post("/jobs/", spec)
     print(f"submitted job {job['id']} ({job['name']}) to {job['team']}: {job['state']}")
     if not args.follow:
         return EXIT_OK
     return follow_job(api, job["id"], poll_s=args.poll)
+
+
+# ---- the job's code ---------------------------------------------------------------------------
+
+DEFAULT_WORKDIR_MAX_MB = 200  # the server's WORKDIR_MAX_MB default
+UPLOAD_TIMEOUT_S = 600.0
+
+
+def resolve_workdir(api: Api, spec: dict, *, base: Path) -> None:
+    """The job file's ``workdir`` as the API takes it: a folder (relative to the job file) is
+    packed, stored on the server and named by its sha256; a git table gets its ``kind``."""
+    workdir = spec.get("workdir")
+    if workdir == "":
+        raise CliError('workdir is empty: name a folder ("." is the job file\'s)', EXIT_REFUSED)
+    if isinstance(workdir, str):
+        encrypted = bool(spec.get("encrypt_checkpoints"))
+        spec["workdir"] = upload_folder(
+            api, base / workdir, team=spec.get("team"), encrypted=encrypted
+        )
+    elif isinstance(workdir, dict) and "git" in workdir:
+        rest = {k: v for k, v in workdir.items() if k != "git"}
+        spec["workdir"] = {"kind": "git", "url": workdir["git"], **rest}
+
+
+def upload_folder(api: Api, folder: Path, *, team: str | None, encrypted: bool) -> dict:
+    """Pack FOLDER and see that the server holds the pack; the ``workdir`` that names it."""
+    folder = Path(os.path.normpath(folder))
+    try:
+        packed = pack.pack_folder(folder, max_bytes=workdir_max_bytes())
+    except pack.PackTooBig as exc:
+        limit = "NOMADGPU_WORKDIR_MAX_MB here, WORKDIR_MAX_MB on the server"
+        raise CliError(
+            f"{exc} ({limit}); {pack.biggest_lines(exc.entries)}", EXIT_REFUSED
+        ) from None
+    except pack.PackError as exc:
+        raise CliError(str(exc), EXIT_REFUSED) from None
+    with packed:
+        print(f"packed {folder}: {packed.files} files, {pack.human_size(packed.size)}")
+        store_pack(api, packed, team=team, encrypted=encrypted)
+    return {"kind": "archive", "sha256": packed.sha256}
+
+
+def workdir_max_bytes() -> int:
+    """The biggest pack this CLI uploads, from ``NOMADGPU_WORKDIR_MAX_MB``."""
+    raw = os.environ.get("NOMADGPU_WORKDIR_MAX_MB", str(DEFAULT_WORKDIR_MAX_MB))
+    try:
+        return int(float(raw) * pack.MB)
+    except ValueError:
+        raise CliError(f"NOMADGPU_WORKDIR_MAX_MB is not a number: {raw!r}", EXIT_REFUSED) from None
+
+
+def store_pack(api: Api, packed: pack.Pack, *, team: str | None, encrypted: bool) -> None:
+    """Ask the server where the pack goes and upload it if it has not got it. A stored object
+    the server finds different from the pack (409 on complete) is uploaded once more."""
+    body = {"team": team, "sha256": packed.sha256, "size": packed.size, "encrypted": encrypted}
+    for attempt in (1, 2):
+        offer = ask_to_store(api, body, packed)
+        if offer["state"] == "ready":
+            print("code unchanged: nothing to upload" if attempt == 1 else "code stored")
+            return
+        put_pack(api, packed, offer["upload"])
+        if offer["upload"]["via"] == "api" or complete_pack(api, body, last=attempt == 2):
+            print(f"code uploaded ({pack.human_size(packed.size)})")
+            return
+
+
+def ask_to_store(api: Api, body: dict, packed: pack.Pack) -> dict:
+    """The server's answer to ``POST /api/workdirs``: ready, or where to upload."""
+    try:
+        return api.post("/workdirs", body)
+    except CliError as exc:
+        if exc.status == 413:  # the server's cap is lower than this CLI's
+            raise CliError(f"{exc}; {pack.biggest_lines(packed.entries)}", exc.code, 413) from None
+        raise
+
+
+def put_pack(api: Api, packed: pack.Pack, upload: dict) -> None:
+    """PUT the pack where the server said: its own API (encrypted packs: the server encrypts
+    what it receives) with the token, or a presigned storage URL without it."""
+    if upload.get("method", "PUT") != "PUT":
+        raise CliError(f"the server asked for an upload by {upload['method']}", EXIT_REFUSED)
+    packed.file.seek(0)
+    # An explicit length keeps httpx from chunked encoding, which S3 PUTs refuse.
+    headers = {"Content-Length": str(packed.size)}
+    if upload["via"] == "api":
+        url = api.own_url(upload["url"])
+        api.call("PUT", url, content=packed.file, headers=headers, timeout=UPLOAD_TIMEOUT_S)
+    else:
+        put_to_storage(upload["url"], packed.file, headers)
+
+
+def put_to_storage(url: str, body: BinaryIO, headers: dict[str, str]) -> None:
+    # A plain httpx call, not the API's client: the URL's signature is the permission, and the
+    # token must never reach a storage provider.
+    try:
+        response = httpx.put(url, content=body, headers=headers, timeout=UPLOAD_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        raise CliError(f"cannot upload the code pack to storage: {exc}", EXIT_UNREACHABLE) from exc
+    if not response.is_success:
+        why = f"{response.status_code} {response.text[:300]}".strip()
+        raise CliError(f"storage refused the code pack: {why}", EXIT_UNREACHABLE)
+
+
+def complete_pack(api: Api, body: dict, *, last: bool) -> bool:
+    """Tell the server a plain pack is in storage; False when it found it different (and this
+    was not the last try), so that it is uploaded again."""
+    try:
+        api.post(
+            f"/workdirs/{body['sha256']}/complete", {k: body[k] for k in ("team", "encrypted")}
+        )
+    except CliError as exc:
+        if exc.status != 409 or last:
+            raise
+        print(f"nomadgpu: {exc}; uploading again", file=sys.stderr)
+        return False
+    return True
 
 
 def follow_job(
@@ -216,7 +383,7 @@ def follow_job(
 def finish(job: dict, screen: Screen) -> int:
     code = STOPPED[job["state"]]
     why = f" ({job['failure_reason']})" if job.get("failure_reason") else ""
-    screen.line(f"job {job['id']} {job['state']}{why}; spent ${job['spend_usd']:.4f}")
+    screen.line(f"job {job['id']} {job['state']}{why}; cost {cost_text(job)}")
     return code
 
 
@@ -225,13 +392,14 @@ def cmd_status(api: Api, args: argparse.Namespace) -> int:
         jobs = api.get("/jobs/", team=args.team, state=args.state)
         print(
             f"{'ID':>5}  {'TEAM':<12} {'NAME':<24} {'STATE':<13} {'STEP':>11} {'ETA':>10} "
-            f"{'SPEND $':>9}  {'GPU':<14} INT"
+            f"{'COST':>10} {'':<8}  {'GPU':<14} INT"
         )
         for j in jobs:
             step = f"{j['step'] if j['step'] is not None else '-'}/{j['total_steps'] or '?'}"
             print(
                 f"{j['id']:>5}  {j['team'][:12]:<12} {j['name'][:24]:<24} {j['state']:<13} "
-                f"{step:>11} {duration(j['eta_s']):>10} {j['spend_usd']:>9.4f}  "
+                f"{step:>11} {duration(j['eta_s']):>10} {money(j['cost_usd']):>10} "
+                f"{j['cost_basis']:<8}  "
                 f"{j['gpu_name'][:14]:<14} {j['interruptions']}"
             )
         return EXIT_OK
@@ -240,24 +408,29 @@ def cmd_status(api: Api, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cost_text(job: dict) -> str:
+    """``$0.0191 (recorded)``: the job's one cost and which it is, as the portal writes it."""
+    return f"{money(job['cost_usd'])} ({job['cost_basis']})"
+
+
 def print_job(job: dict) -> None:
     host = job["host"]
     rows = [
         ("job", f"{job['id']} {job['name']} (team {job['team']})"),
         ("state", job["state"] + (f": {job['failure_reason']}" if job["failure_reason"] else "")),
         ("progress", progress_bar(job)),
-        ("loss", job["loss"] if job["loss"] is not None else "-"),
+        ("loss", loss(job["loss"])),
         (
-            "spend",
-            f"${job['spend_usd']:.4f}"
-            + (f" of ${job['budget_usd']} budget" if job["budget_usd"] else ""),
+            "cost",
+            cost_text(job) + (f", budget {money(job['budget_usd'])}" if job["budget_usd"] else ""),
         ),
+        ("breakdown", " · ".join(f"{k} {v}" for k, v in job["cost_breakdown_text"].items())),
         (
             "host",
             "-"
             if host is None
             else f"{host['gpu_name']} instance {host['instance_id']} "
-            f"(attempt {host['attempt']}, {host['attempt_state']}, ${host['dph']:.3f}/h)",
+            f"(attempt {host['attempt']}, {host['attempt_state']}, {money(host['dph'])}/h)",
         ),
         ("interruptions", job["interruptions"]),
     ]
@@ -265,9 +438,10 @@ def print_job(job: dict) -> None:
         print(f"{name:>14}: {value}")
     for i in job["interruption_list"]:
         back = i["running_again_at"] or "not yet"
+        note = f"; {i['resume_note']}" if i.get("resume_note") else ""
         print(
             f"{'':>16}attempt {i['attempt']}: {i['cause']} detected {i['detected_at']}, "
-            f"running again {back}, resumed from step {i['resumed_step']}"
+            f"running again {back}, resumed from step {i['resumed_step']}{note}"
         )
 
 
@@ -311,7 +485,7 @@ def cmd_drill(api: Api, args: argparse.Namespace) -> int:
         drill = api.post(f"/jobs/{args.job}/drill")
         print(
             f"drill {n}/{args.times}: destroyed instance {drill['instance_id']} "
-            f"(attempt {drill['attempt']}) at step {drill['step']}"
+            f"(attempt {drill['attempt']}) at step {drill['step']} (its last heartbeat)"
         )
         code = follow_job(
             api,
@@ -353,10 +527,11 @@ def drill_summary(job: dict, drill: dict) -> str:
             else duration((datetime.fromisoformat(moment) - start).total_seconds())
         )
 
+    note = f"; {i['resume_note']}" if i.get("resume_note") else ""
     return (
         f"detected after {after(i['detected_at'])}, replacement rented after "
         f"{after(i['replacement_rented_at'])}, training again after "
-        f"{after(i['running_again_at'])}, resumed from step {i['resumed_step']}"
+        f"{after(i['running_again_at'])}, resumed from step {i['resumed_step']}{note}"
     )
 
 

@@ -3,9 +3,10 @@
 
 Templates write Telegram's small HTML subset (``<b>``, ``<pre>``) and Django escapes every
 value, so the HTML goes to Telegram as is; webhooks get the same text with tags stripped.
-Numbers are formatted here (``nomadgpu.humanize``), so templates stay short and read like
-the message; a job's cost and savings are billing's (``billing.reconcile``), the same the job
-page and the member API show.
+Numbers are formatted here (``nomadgpu.humanize``: dollars by its one money rule), so
+templates stay short and read like the message; a job's cost and savings are billing's
+(``billing.cost.job_cost`` through ``billing.reconcile``), the same number and label the job
+page, the member API and the CLI show.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from django.urls import reverse
 from django.utils.html import strip_tags
 
 from billing.reconcile import machine_and_training_hours, reconcile_job
+from jobs import anatomy
 from jobs.job_status import early_finish_note
 from jobs.models import Interruption, Job, JobEvent
 from nomadgpu.humanize import duration, money
@@ -145,6 +147,11 @@ def running_again_facts(event: JobEvent, job: Job) -> dict:
         "downtime_text": duration(downtime, "unknown"),
         "resumed_step": interruption.resumed_step if interruption else None,
         "step_reached": interruption.step_reached if interruption else None,
+        "resumed_ahead": anatomy.written_after_last_heartbeat(
+            interruption.step_reached, interruption.resumed_step
+        )
+        if interruption
+        else "",
         "gpu_name": attempt.gpu_name if attempt else "",
         "price_usd_per_hour": round(attempt.dph_base, 4) if attempt else None,
         "price_text": money(attempt.dph_base, per_hour=True) if attempt else "",
@@ -155,7 +162,7 @@ def finished_facts(event: JobEvent, job: Job) -> dict:
     end = job.finished_at or event.created_at
     reckoning = reconcile_job(job, now=end)
     machine_h, _ = machine_and_training_hours(job.attempts.all(), now=end)
-    cost, saved = reckoning.cost.amount, reckoning.savings
+    cost, saved = reckoning.cost, reckoning.savings
     return {
         "duration_s": (end - job.created_at).total_seconds(),
         "duration_text": duration((end - job.created_at).total_seconds()),
@@ -164,9 +171,9 @@ def finished_facts(event: JobEvent, job: Job) -> dict:
         "final_step": job.final_step,
         "early_finish": early_finish_note(job),
         "interruptions": job.interruptions.count(),
-        "cost_usd": round(cost, 4),
-        "cost_basis": reckoning.cost.basis,
-        "cost_text": money(cost),
+        "cost_usd": float(cost.total),
+        "cost_basis": cost.basis,
+        "cost_text": cost.text,
         "reference_name": job.team.reference_name,
         "reference_usd": round(saved.reference_usd, 4),
         "reference_text": money(saved.reference_usd),
@@ -179,7 +186,12 @@ def failed_facts(event: JobEvent, job: Job) -> dict:
     data = event.data or {}
     tail = str(data.get("log_tail") or "")
     lines = [line[:LOG_LINE_CHARS] for line in tail.strip().splitlines()[-LOG_LINES:]]
-    return {"exit_code": data.get("exit_code"), "log_lines": "\n".join(lines)}
+    return {
+        "exit_code": data.get("exit_code"),
+        "log_lines": "\n".join(lines),
+        "in_setup": data.get("failed_in") == "setup",  # the job's setup, not its command
+        "why": event.message,
+    }
 
 
 def no_offers_facts(event: JobEvent, job: Job) -> dict:
@@ -192,12 +204,25 @@ def no_offers_facts(event: JobEvent, job: Job) -> dict:
 
 
 def generic_facts(event: JobEvent, job: Job) -> dict:
-    """Budget and invoice events (and any later kind): the message and the event's data."""
-    items = [(k.replace("_", " "), v) for k, v in (event.data or {}).items()]
-    return {"items": items}
+    """Budget and invoice events (and any later kind): the message and the event's data, its
+    dollar amounts (keys ending ``_usd``) by the money rule, as the message writes them."""
+    return {"items": [data_item(k, v) for k, v in (event.data or {}).items()]}
+
+
+def data_item(key: str, value) -> tuple[str, object]:
+    """One line of an event's data: ("spent", "$0.00820") for ``spent_usd``, else as stored."""
+    if key.endswith("_usd") and isinstance(value, int | float) and not isinstance(value, bool):
+        return key.removesuffix("_usd").replace("_", " "), money(value)
+    return key.replace("_", " "), value
+
+
+def needs_attention_facts(event: JobEvent, job: Job) -> dict:
+    """The message names each field at fault and what to do: nothing to list beside it."""
+    return {"items": []}
 
 
 FACTS = {
+    EventKind.NEEDS_ATTENTION: needs_attention_facts,
     EventKind.HOST_LOST: host_lost_facts,
     EventKind.RUNNING_AGAIN: running_again_facts,
     EventKind.FINISHED: finished_facts,

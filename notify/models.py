@@ -26,6 +26,8 @@ class EventKind(models.TextChoices):
     BUDGET_WARNING = "budget_warning", "Budget at 80 %"
     BUDGET_PAUSED = "budget_paused", "Budget reached: job paused"
     INVOICE_DISCREPANCY = "invoice_discrepancy", "Invoice discrepancy"
+    # Its stored spec no longer validates: renting stopped until a person fixes it.
+    NEEDS_ATTENTION = "needs_attention", "Job needs attention"
 
 
 NOTIFIABLE_KINDS = frozenset(EventKind.values)

@@ -13,7 +13,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Prefetch, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
@@ -21,13 +21,12 @@ from ninja.errors import HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 from ninja.security import HttpBearer, django_auth
 
-from billing.reconcile import job_cost
-from billing.spend import job_spend
+from billing.cost import JobCost, charges_prefetch, job_cost
 from hosts.vast import VastError
-from jobs import job_status, lifecycle
+from jobs import anatomy, job_secrets, job_status, lifecycle, staging, workdirs
 from jobs.drill import DrillError, destroy_running_host
-from jobs.models import Job
-from jobs.spec import JOB_TEMPLATES, JobSpec, submit_spec, template_spec
+from jobs.models import Attempt, Job
+from jobs.spec import JOB_TEMPLATES, JobSpec, MissingSecret, submit_spec, template_spec
 from jobs.spending import BudgetExceeded
 from nomadgpu import api_tokens
 from nomadgpu.models import Team
@@ -38,7 +37,7 @@ from nomadgpu.permissions import (
     member_teams,
     visible_to,
 )
-from portal.figures import interruptible_blocker
+from portal.figures import gpu_count_blocker, interruptible_blocker
 
 
 class PersonalToken(HttpBearer):
@@ -58,6 +57,22 @@ class SubmitIn(JobSpec):
     )
 
 
+class GpuOut(Schema):
+    """One GPU as the host's last heartbeat listed it; null where nvidia-smi had no value."""
+
+    index: int | None
+    pci_bus_id: str
+    name: str
+    utilization_pct: float | None
+    memory_used_mib: float | None
+    memory_total_mib: float | None
+    temperature_c: float | None
+    ecc_uncorrected: int | None = Field(
+        description="uncorrected ECC errors since the driver loaded; null without ECC"
+    )
+    error: str | None = Field(description='"lost: ..." for a GPU that fell off the bus')
+
+
 class HostOut(Schema):
     attempt: int
     attempt_state: str
@@ -67,6 +82,9 @@ class HostOut(Schema):
     dph: float
     phase: str
     last_heartbeat_at: datetime | None
+    gpu_ok: bool | None = Field(description="the last heartbeat's GPU health; null before one")
+    gpu_error: str = Field(description="why the GPUs are unhealthy (a GPU fault ends the host)")
+    gpus: list[GpuOut] = Field(description="per GPU, from the last heartbeat")
 
 
 class InterruptionOut(Schema):
@@ -79,6 +97,10 @@ class InterruptionOut(Schema):
     running_again_at: datetime | None
     step_reached: int | None
     resumed_step: int | None
+    resume_note: str = Field(
+        description='the two steps compared: "34 steps done again: the host had reached step '
+        '91", "no work lost", or why a resume is past the last heartbeat\'s step; "" until known'
+    )
 
 
 class JobOut(Schema):
@@ -90,7 +112,14 @@ class JobOut(Schema):
     total_steps: int | None
     progress: float | None = Field(description="0..1; null while the total is unknown")
     eta_s: float | None = Field(description="seconds left at the latest speed, while running")
-    spend_usd: float
+    cost_usd: float = Field(
+        description="the job's cost as every surface shows it (billing.cost.job_cost): what"
+        " NomadGPU recorded until the imported invoice covers the job, what Vast billed after;"
+        " to the micro-dollar"
+    )
+    cost_basis: str = Field(description='"recorded" or "invoiced": which of the two cost_usd is')
+    cost_text: str = Field(description='cost_usd as the portal writes it: "$0.0191"')
+    spend_usd: float = Field(description="the same as cost_usd (kept for older scripts)")
     budget_usd: Decimal | None
     gpu_name: str
     interruptions: int
@@ -108,14 +137,21 @@ class JobDetailOut(JobOut):
     )
     loss: float | None
     seconds_per_step: float | None
-    spend: dict[str, float] = Field(description="gpu, storage, download, upload, total (USD)")
-    cost_usd: float = Field(
-        description="the job's cost as the job page and notifications show it: what Vast billed"
-        " once every attempt is invoiced, else the recorded spend"
+    cost_breakdown: dict[str, float] = Field(
+        description="cost_usd's parts: gpu, storage, download, upload and total (USD, to the"
+        " micro-dollar; the parts add up to the total)"
     )
-    cost_basis: str = Field(description='"invoiced" or "estimated"')
+    cost_breakdown_text: dict[str, str] = Field(
+        description='the parts as the portal writes them, adding up to cost_text: {"GPU":'
+        ' "$0.0150", "storage": "$0.0011", ...}'
+    )
+    spend: dict[str, float] = Field(description="the same as cost_breakdown (older scripts)")
     host: HostOut | None
     interruption_list: list[InterruptionOut]
+    stage: dict[str, Any] | None = Field(
+        description="the staged model files (jobs.staging): state (staging, ready, failed),"
+        " files_done/files_total, bytes_done/bytes_total, text; null when the job stages nothing"
+    )
 
 
 class EventOut(Schema):
@@ -149,7 +185,7 @@ class DrillOut(Schema):
     job_id: int
     attempt: int
     instance_id: int
-    step: int | None
+    step: int | None = Field(description="the step of the host's last heartbeat")
     destroyed_at: datetime
 
 
@@ -178,8 +214,15 @@ def choose_submit_team(user, slug: str | None) -> Team:
     raise NinjaValidationError([{"loc": ["body", "payload", "team"], "msg": msg, "type": "team"}])
 
 
+def workdir_error(exc: workdirs.WorkdirRefused) -> NinjaValidationError:
+    """A refused workdir as a 422 naming its field (``workdir.ref``, ``workdir.sha256``)."""
+    loc = ["body", "payload", "workdir", *([exc.about] if exc.about else [])]
+    return NinjaValidationError([{"loc": loc, "msg": str(exc), "type": "workdir"}])
+
+
 def _jobs_of(user) -> QuerySet[Job]:
-    jobs = Job.objects.select_related("team").prefetch_related("attempts", "interruptions")
+    attempts = Prefetch("attempts", queryset=Attempt.objects.prefetch_related(charges_prefetch()))
+    jobs = Job.objects.select_related("team").prefetch_related(attempts, "interruptions")
     return visible_to(jobs, user)
 
 
@@ -187,7 +230,17 @@ def _job_or_404(request: HttpRequest, job_id: int) -> Job:
     return get_visible_or_404(_jobs_of(request.auth), request.auth, pk=job_id)
 
 
-def job_out(job: Job, *, now: datetime) -> dict[str, Any]:
+def cost_out(cost: JobCost) -> dict[str, Any]:
+    """The job's one cost (``billing.cost.job_cost``) as the API's fields."""
+    return {
+        "cost_usd": float(cost.total),
+        "cost_basis": cost.basis,
+        "cost_text": cost.text,
+        "spend_usd": float(cost.total),
+    }
+
+
+def job_out(job: Job, *, now: datetime, cost: JobCost | None = None) -> dict[str, Any]:
     progress = job_status.job_progress(job)
     host = job_status.current_host(job)
     return {
@@ -199,7 +252,7 @@ def job_out(job: Job, *, now: datetime) -> dict[str, Any]:
         "total_steps": progress.total_steps,
         "progress": progress.fraction,
         "eta_s": progress.eta_s,
-        "spend_usd": round(job_spend(job, now=now).total, 6),
+        **cost_out(cost or job_cost(job, now=now)),
         "budget_usd": job.budget_usd,
         "gpu_name": host.gpu_name if host else "",
         "interruptions": len(job.interruptions.all()),
@@ -212,17 +265,19 @@ def job_detail_out(job: Job, *, now: datetime) -> dict[str, Any]:
     host = job_status.current_host(job)
     attempts = {a.pk: a.number for a in job.attempts.all()}
     cost = job_cost(job, now=now)
+    breakdown = cost.as_dict()
     return {
-        **job_out(job, now=now),
+        **job_out(job, now=now, cost=cost),
         "image": job.image,
         "command": job.command,
         "failure_reason": job.failure_reason,
+        "stage": staging.progress(job),
         "early_finish": job_status.early_finish_note(job),
         "loss": host.loss if host else None,
         "seconds_per_step": host.seconds_per_step if host else None,
-        "spend": job_spend(job, now=now).as_dict(),
-        "cost_usd": round(cost.amount, 6),
-        "cost_basis": cost.basis,
+        "cost_breakdown": breakdown,
+        "cost_breakdown_text": dict(cost.breakdown()),
+        "spend": breakdown,
         "host": None
         if host is None
         else {
@@ -234,11 +289,28 @@ def job_detail_out(job: Job, *, now: datetime) -> dict[str, Any]:
             "dph": host.dph_base,
             "phase": host.phase,
             "last_heartbeat_at": host.last_heartbeat_at,
+            "gpu_ok": host.gpu_ok,
+            "gpu_error": host.gpu_error,
+            "gpus": [_gpu_out(g) for g in host.gpus if isinstance(g, dict)]
+            if isinstance(host.gpus, list)
+            else [],
         },
         "interruption_list": [
-            {**_fields(i, InterruptionOut), "attempt": attempts.get(i.attempt_id, 0)}
+            {
+                **_fields(i, InterruptionOut),
+                "attempt": attempts.get(i.attempt_id, 0),
+                "resume_note": anatomy.resume_note(i.step_reached, i.resumed_step),
+            }
             for i in sorted(job.interruptions.all(), key=lambda i: i.detected_at)
         ],
+    }
+
+
+def _gpu_out(gpu: dict[str, Any]) -> dict[str, Any]:
+    """A stored GPU row with every field GpuOut names (null where an older agent sent none)."""
+    return {name: gpu.get(name) for name in GpuOut.model_fields} | {
+        "pci_bus_id": gpu.get("pci_bus_id") or "",
+        "name": gpu.get("name") or "",
     }
 
 
@@ -254,6 +326,9 @@ def submit(request: HttpRequest, payload: SubmitIn):
     """Submit a job (the TOML job file's fields as JSON, plus ``team``)."""
     team = choose_submit_team(request.auth, payload.team)
     spec = JobSpec.model_validate(payload.model_dump(exclude={"team"}))
+    if (why := gpu_count_blocker(spec, team=team)) is not None:
+        loc = ["body", "payload", "requirements", "num_gpus"]  # the field, like a bad value
+        raise NinjaValidationError([{"loc": loc, "msg": why, "type": "num_gpus"}])
     if (why := interruptible_blocker(spec, team=team)) is not None:
         raise HttpError(422, why)  # nothing was created or rented
     now = timezone.now()
@@ -261,6 +336,11 @@ def submit(request: HttpRequest, payload: SubmitIn):
         job = submit_spec(spec, team=team, created_by=request.auth, now=now)
     except BudgetExceeded as exc:  # nothing was created; the message carries the numbers
         raise HttpError(409, str(exc)) from exc
+    except MissingSecret as exc:  # nothing was created: a 422 on the field, like a bad value
+        loc = ["body", "payload", exc.field]
+        raise NinjaValidationError([{"loc": loc, "msg": str(exc), "type": "secret"}]) from exc
+    except workdirs.WorkdirRefused as exc:  # nothing was created: the code cannot be used
+        raise workdir_error(exc) from exc
     return Status(201, job_detail_out(_job_or_404(request, job.pk), now=now))
 
 
@@ -333,9 +413,10 @@ def logs(request: HttpRequest, job_id: int, cursor: str | None = Query(None, max
         chunk = job_status.follow_logs(list(job.attempts.all()), cursor)
     except ValueError as exc:
         raise HttpError(422, f"cursor {cursor!r} is not one this API returned") from exc
+    mask = job_secrets.masker(job)  # the agent masked them already: defence in depth
     return {
-        "lines": [{"attempt": line.attempt, "text": line.text} for line in chunk.lines],
-        "pending": chunk.pending,
+        "lines": [{"attempt": line.attempt, "text": mask(line.text)} for line in chunk.lines],
+        "pending": mask(chunk.pending),
         "cursor": chunk.cursor,
         "gap": chunk.gap,
         "state": job.state,

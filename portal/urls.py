@@ -5,6 +5,12 @@ from portal import views
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("teams/<slug:slug>/", views.team_detail, name="team-detail"),
+    path("teams/<slug:slug>/secrets/", views.team_secret_set, name="team-secret-set"),
+    path(
+        "teams/<slug:slug>/secrets/<str:name>/delete/",
+        views.team_secret_delete,
+        name="team-secret-delete",
+    ),
     path("jobs/", views.job_list, name="job-list"),
     path("jobs/new/", views.job_new, name="job-new"),
     path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),

@@ -7,10 +7,11 @@ without JavaScript; with htmx the live parts are fragments of the same templates
 from __future__ import annotations
 
 import base64
+from functools import partial
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -19,10 +20,11 @@ from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
 from agent.ckptcrypto import DecryptingReader
-from jobs import auto_checkpoint, lifecycle
+from jobs import auto_checkpoint, job_secrets, lifecycle, market_terms, staging, workdirs
 from jobs.models import Checkpoint, Job, JobState
-from jobs.spec import JOB_TEMPLATES, submit_spec, template_spec
+from jobs.spec import JOB_TEMPLATES, MissingSecret, submit_spec, template_spec
 from jobs.spending import BudgetExceeded
+from nomadgpu import humanize, team_secrets
 from nomadgpu.permissions import (
     can_manage_team,
     can_see_billing,
@@ -31,9 +33,11 @@ from nomadgpu.permissions import (
     member_teams,
     role_in,
 )
+from nomadgpu.services import set_password_path
 from nomadgpu.storage import StorageError, object_store
 from portal import figures as portal
-from portal.forms import JobForm, spec_to_initial
+from portal.forms import JobForm, spec_to_initial, workdir_field
+from portal.team_secrets import TeamSecretForm, secrets_context
 
 LIST_LIMIT = 200
 DASHBOARD_JOBS = 10
@@ -75,8 +79,16 @@ def dashboard(request):
 
 @login_required
 def team_detail(request, slug: str):
+    """The team's jobs and members; its admins also see each new member's set-password link
+    and the team's secrets (names only)."""
     team = get_team_for_member_or_404(request.user, slug)
     request.session["team"] = team.slug
+    return render_team_page(request, team)
+
+
+def render_team_page(
+    request: HttpRequest, team, *, secret_form: TeamSecretForm | None = None, status: int = 200
+) -> HttpResponse:
     rows = rows_for(team, now=timezone.now(), limit=50)
     context = {
         "team": team,
@@ -84,9 +96,62 @@ def team_detail(request, slug: str):
         "rows": rows,
         "limit": 50,
         "any_live": any(r.live for r in rows),
-        "members": team.memberships.select_related("user"),
+        "members": member_rows(request, team),
+        **secrets_context(request, team, secret_form),
     }
-    return render(request, "nomadgpu/team_detail.html", context)
+    return render(request, "nomadgpu/team_detail.html", context, status=status)
+
+
+def _team_managed_by(request: HttpRequest, slug: str):
+    team = get_team_for_member_or_404(request.user, slug)
+    if not can_manage_team(request.user, team):
+        raise PermissionDenied("Only a team admin can change the team's secrets.")
+    return team
+
+
+def _to_team_secrets(team) -> HttpResponse:
+    return redirect(reverse("team-detail", args=[team.slug]) + "#secrets")
+
+
+@login_required
+@require_POST
+def team_secret_set(request: HttpRequest, slug: str) -> HttpResponse:
+    """Add or replace a team secret (team admins); an invalid form shows the Team page again,
+    its errors under the fields and the value fields empty."""
+    team = _team_managed_by(request, slug)
+    form = TeamSecretForm(request.POST)
+    if form.is_valid():
+        name = form.cleaned_data["name"]
+        try:
+            team_secrets.set_secret(team=team, name=name, value=form.cleaned_data["value"])
+        except ValidationError as exc:
+            form.add_error(None, exc)
+        else:
+            messages.success(request, f"Secret {name} saved. Its value is never shown again.")
+            return _to_team_secrets(team)
+    return render_team_page(request, team, secret_form=form, status=400)
+
+
+@login_required
+@require_POST
+def team_secret_delete(request: HttpRequest, slug: str, name: str) -> HttpResponse:
+    """Delete a team secret by name (team admins): a job naming it no longer gets it."""
+    team = _team_managed_by(request, slug)
+    if team_secrets.delete_secret(team=team, name=name):
+        messages.success(request, f"Secret {name} deleted.")
+    else:
+        messages.info(request, f"The team has no secret named {name}.")
+    return _to_team_secrets(team)
+
+
+def member_rows(request: HttpRequest, team) -> list[tuple]:
+    """(membership, set-password link or "") per member; links only for the team's admins."""
+    manages = can_manage_team(request.user, team)
+    out = []
+    for m in team.memberships.select_related("user"):
+        found = set_password_path(m.user) if manages else None
+        out.append((m, request.build_absolute_uri(found) if found else ""))
+    return out
 
 
 def _positive_int(text: str | None, default: int) -> int:
@@ -119,13 +184,14 @@ def job_new(request: HttpRequest) -> HttpResponse:
     if not teams:
         raise Http404("You are not in a team.")
     team = current_team(request)
-    preview = None
+    preview, figures = None, []
     if request.method == "POST":
         team = get_team_for_member_or_404(request.user, request.POST.get("team", team.slug))
-        form = JobForm(request.POST)
+        form = JobForm(request.POST, request.FILES, secret_names=team_secrets.names_of(team))
         if form.is_valid():
             if request.POST.get("action") == "preview":
                 preview = portal.preview_offers(form.cleaned_data["spec"], team=team)
+                figures = portal.preview_figures(form.cleaned_data["spec"], team=team)
             else:
                 job = _submit(request, form, team)
                 if job is not None:
@@ -133,11 +199,12 @@ def job_new(request: HttpRequest) -> HttpResponse:
     else:
         name = request.GET.get("template", "")
         initial = spec_to_initial(template_spec(name)) if name in JOB_TEMPLATES else {}
-        form = JobForm(initial=initial)
+        form = JobForm(initial=initial, secret_names=team_secrets.names_of(team))
     templates = [(key, label) for key, (label, _) in JOB_TEMPLATES.items()]
     context = {
         "form": form,
         "preview": preview,
+        "estimate_figures": figures,
         "teams": teams,
         "team": team,
         "templates": templates,
@@ -148,18 +215,45 @@ def job_new(request: HttpRequest) -> HttpResponse:
 
 
 def _submit(request: HttpRequest, form: JobForm, team) -> Job | None:
+    if (why := portal.gpu_count_blocker(form.cleaned_data["spec"], team=team)) is not None:
+        form.add_error("num_gpus", why)
+        return None
     if (why := portal.interruptible_blocker(form.cleaned_data["spec"], team=team)) is not None:
         form.add_error("rental", why)
         return None
     try:
+        _store_code(form, team)
         job = submit_spec(
             form.cleaned_data["spec"], team=team, created_by=request.user, now=timezone.now()
         )
     except BudgetExceeded as exc:
         form.add_error(None, str(exc))
         return None
+    except MissingSecret as exc:  # nothing was created
+        form.add_error(exc.field, str(exc))
+        return None
+    except workdirs.WorkdirRefused as exc:
+        form.add_error(workdir_field(exc.about), str(exc))
+        return None
     messages.success(request, f"Job {job.name} submitted.")
     return job
+
+
+def _store_code(form: JobForm, team) -> None:
+    """Store the form's code archive as the team's pack (encrypted when the job encrypts its
+    checkpoints), so the submit finds it ready; a pack already stored is not written again."""
+    pack = form.code_pack
+    if pack is None:
+        return
+    encrypted = form.cleaned_data["spec"].encrypt_checkpoints
+    try:
+        workdirs.store_pack(
+            team=team, sha256=pack.sha256, size=pack.size, source=pack.file, encrypted=encrypted
+        )
+    except StorageError as exc:
+        raise workdirs.WorkdirRefused(
+            f"the code could not be stored: {exc}", about="archive"
+        ) from exc
 
 
 # --- Detail -----------------------------------------------------------------------------------
@@ -173,36 +267,32 @@ def detail_context(request: HttpRequest, job: Job) -> dict:
     now = timezone.now()
     job = portal.with_portal_data(Job.objects.filter(pk=job.pk)).get()
     row = portal.job_row(job, now=now)
-    cost, cost_source = portal.job_cost(job, now=now)
     checkpoints = job.checkpoints.ready().select_related("attempt")
     spend_points, spend_unit = portal.spend_series(job, now=now)
+    decision = market_terms.page_decision(job.attempts.all())
     return {
         "job": job,
         "row": row,
-        "cost": cost,
-        "cost_source": cost_source,
-        "budget_used_pct": (
-            min(100.0, 100.0 * row.spend.total / float(job.budget_usd)) if job.budget_usd else None
-        ),
         "timeline": portal.timeline(job),
+        # Called by the template only where it is shown (not in the polled live fragment).
+        "estimate_figures": partial(portal.estimate_figures, job),
         "checkpoints": checkpoints.newest_first(),
         "auto_checkpoint": auto_checkpoint.page_summary(job, now=now),
+        "staging": staging.progress(job),
         "attempts": list(job.attempts.all()),
-        "decision": portal.decision_of(_deciding_attempt(job)),
-        "loss_chart": portal.line_chart(portal.loss_series(job)),
-        "spend_chart": portal.line_chart(spend_points),
+        "gpu_rows": portal.gpu_rows(row.attempt),
+        # Masked again here: the agent masks the job's secret values before they leave it.
+        "log_tail": job_secrets.mask_for(job, row.attempt.log_tail) if row.attempt else "",
+        "decision": decision,
+        "offer_rows": portal.offer_rows(decision),
+        "loss_chart": portal.line_chart(portal.loss_series(job), y_format=humanize.loss),
+        "spend_chart": portal.line_chart(spend_points, y_format=portal.spend_text),
         "spend_unit": spend_unit,
         "can_cancel": not lifecycle.is_terminal(job.state),
         "can_resume": job.state == JobState.PAUSED_BUDGET
         and can_manage_team(request.user, job.team),
         "show_billing": can_see_billing(request.user, job.team),
     }
-
-
-def _deciding_attempt(job: Job):
-    """The newest attempt that recorded a selection decision."""
-    with_decision = [a for a in job.attempts.all() if a.decision]
-    return with_decision[-1] if with_decision else None
 
 
 @login_required

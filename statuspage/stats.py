@@ -1,8 +1,9 @@
 """Interruption and recovery numbers for a team's public status page.
 
 Every number on the page, in the JSON, the Atom feed and the badge comes from ``team_status``,
-which reads ``jobs.Interruption`` rows (plus the count of jobs running now and the supervisor's
-``ServiceHeartbeat`` rows). Definitions, also in ``statuspage/README.md``:
+which reads ``jobs.Interruption`` rows (plus the count of jobs running now, the supervisor's
+``ServiceHeartbeat`` rows and, for the money, billing's reconciliation). Definitions, also in
+``statuspage/README.md``:
 
 - **Window**: the last N calendar days in the team's time zone, today included (so the daily
   bars add up to the total): from local midnight N-1 days ago until now. N is 7, 30 or 90.
@@ -14,8 +15,12 @@ which reads ``jobs.Interruption`` rows (plus the count of jobs running now and t
   ``running_again_at`` (training ran again on it). **Detection**: ``last_heartbeat_at`` →
   ``detected_at``, where a heartbeat was ever heard.
 - **Recovery phases** (``jobs.anatomy``): each resumed interruption's downtime split into
-  detection, renting, provider start-up, agent bootstrap, checkpoint download, unpack and first
-  step; median and p90 per phase over the interruptions where that phase is known.
+  detection, renting, provider start-up, agent bootstrap, code (the job's workdir fetched),
+  setup, checkpoint download, unpack and first step; median and p90 per phase over the
+  interruptions where that phase is known.
+- **Money** (``statuspage.costs``): what the window's interruptions cost (steps redone and
+  start-ups paid again) and the savings against the team's reference cloud (invoiced where
+  the invoice covers a job), as totals: no job, host or price of one.
 - **Percentiles** are nearest-rank: the p-th percentile of n sorted values is the value at
   rank ceil(p·n/100), so every median and p90 is a duration that really happened (for an even
   count the median is the lower of the two middle values).
@@ -31,10 +36,11 @@ from zoneinfo import ZoneInfo
 from django.conf import settings
 from django.utils.crypto import salted_hmac
 
-from jobs import anatomy
+from jobs import anatomy, attention
 from jobs.models import Interruption, Job, JobState
 from nomadgpu.health import WATCHDOG, is_fresh, silent_for_s
-from nomadgpu.models import ServiceHeartbeat, Team
+from nomadgpu.models import IngestOutage, ServiceHeartbeat, Team
+from statuspage import costs
 
 WINDOWS = (7, 30, 90)
 DEFAULT_WINDOW = 30
@@ -52,6 +58,7 @@ CAUSE_LABELS = {
     "gpu_fault": "GPU fault",
     "stalled": "training stalled",
     "never_registered": "agent never started",
+    "start_failed": "host could not start the container",
     "agent_error": "agent error",
     "killed": "training process killed",
 }
@@ -107,10 +114,42 @@ class Check:
 
 
 @dataclass(frozen=True)
+class OutageLine:
+    """A time the agent API took no heartbeats (``nomadgpu.ingest``), and whether any of the
+    team's jobs was declared lost from silence meanwhile (none should be: such losses wait)."""
+
+    cause: str
+    started_at: datetime
+    ended_at: datetime | None
+    seconds: float
+    lost_during: int
+
+    @property
+    def sentence(self) -> str:
+        """'agent API unreachable for 30 s; no job was declared lost'."""
+        what = (
+            "no agent reached the agent API"
+            if self.cause == IngestOutage.AGENTS_SILENT
+            else "agent API unreachable"
+        )
+        if self.ended_at is None:
+            return f"{what} for {self.seconds:.0f} s so far; losses from silence wait"
+        lost = self.lost_during
+        verdict = (
+            "no job was declared lost"
+            if lost == 0
+            else f"{lost} job{'s were' if lost > 1 else ' was'} declared lost"
+        )
+        return f"{what} for {self.seconds:.0f} s; {verdict}"
+
+
+@dataclass(frozen=True)
 class SupervisorHealth:
     watchdog: Check  # the tick ran within a few intervals
     worker_and_beat: Check  # beat schedules the tick and a worker runs it: a fresh tick is both
     provider: Check  # the last provider poll succeeded, and was recent
+    outages: tuple[OutageLine, ...] = ()  # the agent API's outages in the window, newest first
+    needs_attention: int = 0  # the team's jobs a person must look at (never named here)
 
 
 @dataclass(frozen=True)
@@ -133,6 +172,8 @@ class TeamStatus:
     daily: tuple[DayCount, ...]
     incidents: tuple[Incident, ...]
     health: SupervisorHealth
+    interruption_cost: costs.InterruptionCost
+    savings: costs.WindowSavings
 
 
 def team_status(team: Team, *, now: datetime, days: int = DEFAULT_WINDOW) -> TeamStatus:
@@ -164,7 +205,9 @@ def team_status(team: Team, *, now: datetime, days: int = DEFAULT_WINDOW) -> Tea
         recovery_phases=recovery_phases(rows),
         daily=daily_counts(rows, since=since, now=now, tz=tz),
         incidents=tuple(incident(row, tz) for row in rows[:INCIDENT_LIMIT]),
-        health=supervisor_health(now=now),
+        health=supervisor_health(now=now, team=team, since=since),
+        interruption_cost=costs.interruption_costs(rows),
+        savings=costs.window_savings(team, since=since, now=now),
     )
 
 
@@ -253,8 +296,12 @@ def incident_ref(pk: int) -> str:
     return salted_hmac("statuspage.incident", str(pk)).hexdigest()[:16]
 
 
-def supervisor_health(*, now: datetime) -> SupervisorHealth:
-    """Is the watchdog ticking (and so beat and a worker alive), and is the provider reachable?"""
+def supervisor_health(
+    *, now: datetime, team: Team | None = None, since: datetime | None = None
+) -> SupervisorHealth:
+    """Is the watchdog ticking (and so beat and a worker alive), and is the provider reachable?
+    For TEAM also: the agent API's outages since SINCE, and how many of its jobs need a person
+    (stopped for a fault of their own, or failing in the supervisor's newest pass)."""
     beats = {b.name: b for b in ServiceHeartbeat.objects.filter(name__in=[WATCHDOG, PROVIDER])}
     tick = beats.get(WATCHDOG)
     tick_fresh = is_fresh(tick, now, settings.WATCHDOG_INTERVAL_S)
@@ -268,4 +315,52 @@ def supervisor_health(*, now: datetime) -> SupervisorHealth:
     poll_every = settings.PROVIDER_POLL_INTERVAL_S + settings.WATCHDOG_INTERVAL_S
     provider_ok = bool(poll.detail.get("ok")) if is_fresh(poll, now, poll_every) else None
     provider = Check(ok=provider_ok, last_seen_at=poll.last_seen_at if poll else None)
-    return SupervisorHealth(watchdog=watchdog, worker_and_beat=watchdog, provider=provider)
+    return SupervisorHealth(
+        watchdog=watchdog,
+        worker_and_beat=watchdog,
+        provider=provider,
+        outages=outage_lines(team, since=since or now - timedelta(days=1), now=now),
+        needs_attention=jobs_needing_attention(team) if team else 0,
+    )
+
+
+OUTAGE_LIMIT = 5
+
+
+def outage_lines(team: Team | None, *, since: datetime, now: datetime) -> tuple[OutageLine, ...]:
+    """The agent API's outages overlapping SINCE..NOW, newest first, with TEAM's jobs declared
+    lost from silence during each."""
+    rows = IngestOutage.objects.filter(started_at__lte=now).exclude(ended_at__lt=since)
+    lines = []
+    for row in rows.order_by("-started_at")[:OUTAGE_LIMIT]:
+        until = row.ended_at or now
+        lost = Interruption.objects.filter(
+            cause__in=SILENCE_CAUSES, detected_at__gte=row.started_at, detected_at__lte=until
+        )
+        if team is not None:
+            lost = lost.filter(job__team=team)
+        lines.append(
+            OutageLine(
+                cause=row.cause,
+                started_at=row.started_at,
+                ended_at=row.ended_at,
+                seconds=(until - row.started_at).total_seconds(),
+                lost_during=lost.values("job_id").distinct().count(),
+            )
+        )
+    return tuple(lines)
+
+
+# The losses an outage of the agent API could have caused: silence, no progress heard, no
+# registration heard.
+SILENCE_CAUSES = ("heartbeat_timeout", "stalled", "never_registered")
+
+
+def jobs_needing_attention(team: Team) -> int:
+    """TEAM's jobs stopped until a person fixes them, or whose row failed the newest pass."""
+    failing = set(attention.failed_in_last_pass().get("jobs", []))
+    held = set(
+        Job.objects.filter(team=team, state=JobState.NEEDS_ATTENTION).values_list("pk", flat=True)
+    )
+    failing = set(Job.objects.filter(team=team, pk__in=failing).values_list("pk", flat=True))
+    return len(held | failing)

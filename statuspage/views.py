@@ -23,7 +23,7 @@ from django.utils.feedgenerator import Atom1Feed
 from jobs import anatomy
 from nomadgpu.humanize import duration
 from nomadgpu.models import Team
-from statuspage import stats
+from statuspage import costs, stats
 from statuspage.chart import bar_chart
 
 CACHE_SECONDS = 30
@@ -124,12 +124,57 @@ def status_document(status: stats.TeamStatus) -> dict:
         "daily": [
             {"date": d.day.isoformat(), "interruptions": d.interruptions} for d in status.daily
         ],
+        "interruption_cost_usd": interruption_cost_document(status.interruption_cost),
+        "savings": savings_document(status.savings),
         "incidents": [incident_document(i) for i in status.incidents],
         "health": {
             "watchdog": check(status.health.watchdog),
             "worker_and_beat": check(status.health.worker_and_beat),
             "provider": check(status.health.provider),
+            "agent_api_outages": [outage_document(o) for o in status.health.outages],
+            "jobs_needing_attention": status.health.needs_attention,
         },
+    }
+
+
+def interruption_cost_document(c: costs.InterruptionCost) -> dict:
+    """The window's interruptions in dollars (added within version 2)."""
+    return {
+        "interruptions_priced": c.priced,
+        "steps_redone": c.steps_redone,
+        "redone_work": round(c.redone_usd, 6),
+        "startup_again": round(c.startup_usd, 6),
+        "total": round(c.total_usd, 6),
+    }
+
+
+def savings_document(s: costs.WindowSavings) -> dict:
+    """The window's jobs against the reference cloud (added within version 2)."""
+    pct = s.saved_pct
+    return {
+        "jobs": s.jobs,
+        "jobs_invoiced": s.jobs_invoiced,
+        "cost_usd": round(s.cost_usd, 6),
+        "invoiced_usd": round(s.invoiced_usd, 6),
+        "reference": {
+            "name": s.reference_name,
+            "usd_per_hour": s.reference_usd_per_hour,
+            "speed_factor": s.reference_speed_factor,
+        },
+        "reference_usd": round(s.reference_usd, 6),
+        "saved_usd": round(s.saved_usd, 6),
+        "saved_pct": None if pct is None else round(pct, 1),
+    }
+
+
+def outage_document(o: stats.OutageLine) -> dict:
+    return {
+        "cause": o.cause,
+        "started_at": iso(o.started_at),
+        "ended_at": iso(o.ended_at),
+        "seconds": round(o.seconds, 1),
+        "jobs_declared_lost": o.lost_during,
+        "summary": o.sentence,
     }
 
 
@@ -147,7 +192,7 @@ def incident_document(i: stats.Incident) -> dict:
 
 
 def badge_colour(p90_s: float | None) -> str:
-    """Green when the p90 until back on a machine is under 10 min, amber under an hour."""
+    """Green when the p90 until running again is under 10 min, amber under an hour."""
     if p90_s is None:
         return "#667085"
     if p90_s < 600:
@@ -160,8 +205,9 @@ def badge(request: HttpRequest, slug: str) -> HttpResponse:
     days = requested_days(request)
     if days is None:
         return bad_window()
-    p90 = cached_status(team, days).back_on_machine.p90_s
-    label, value = "recovery p90", duration(p90, none="no data")
+    # The time a user waits: until training runs again, not until a host is rented.
+    p90 = cached_status(team, days).running_again.p90_s
+    label, value = "running again p90", duration(p90, none="no data")
     # About 7 px per character of 11 px Verdana, plus padding: close to shields.io's sizes.
     label_w, value_w = 10 + 7 * len(label), 10 + 7 * len(value)
     context = {

@@ -3,7 +3,9 @@
 Standard-library HTTP server with one in-memory job; checkpoints go to a real S3 protocol server
 (moto) through presigned URLs, created and completed the way the Django side will do it. It
 validates payloads about as strictly as the real schemas should, so a drift in the agent's
-wire format fails here first.
+wire format fails here first. A job's code comes as a code pack in the same storage
+(``store_code_pack``, as the member API stores one) or as a git commit (``use_git``; tests make
+a bare repository with ``git_repository`` and serve it over file://).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import io
 import json
 import os
 import re
@@ -18,6 +21,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 import uuid
@@ -26,6 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from agent import procs
 from tests.processes import wait_until
 from tests.s3_support import free_port
 
@@ -33,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TOY = ROOT / "examples" / "toy" / "train.py"
 TAIL_LIMIT = 8 * 1024
 PHASES = {"restoring", "running", "uploading", "exiting"}
-REASONS = {"finished", "failed", "stopped", "killed", "agent_error"}
+REASONS = {"finished", "failed", "stopped", "killed", "agent_error", "setup_failed"}
 
 
 class FakeS3:
@@ -91,6 +96,13 @@ class FakeJob:
     keep_last: int = 3
     stop_grace_s: float | None = None
     checkpoint_mode: str | None = None  # None: left out of register's reply, as older servers do
+    setup: str = ""
+    secrets: dict[str, str] = field(default_factory=dict)
+    # The job's code: None, or what store_code_pack / use_git record (register presigns it).
+    workdir: dict[str, Any] | None = None
+    # Several GPUs (PROTOCOL.md "Launchers"); None: left out, as older servers do.
+    launcher: str | None = None
+    num_gpus: int | None = None
 
 
 @dataclass
@@ -198,6 +210,31 @@ class FakeSupervisor:
     def prefix(self, attempt_no: int) -> str:
         return f"teams/{self.job.team}/jobs/{self.job.id}/attempts/{attempt_no}/checkpoints/"
 
+    def store_code_pack(self, pack: bytes, *, encrypted: bool = False) -> str:
+        """Store PACK (a .tar.gz) as the team's code pack, ngck1-encrypted with a key of its
+        own when ENCRYPTED (as the server does for a job that encrypts checkpoints), and make
+        it the job's code; returns the storage key."""
+        from agent.ckptcrypto import encrypt_stream
+
+        data_key = os.urandom(32) if encrypted else None
+        key = f"teams/{self.job.team}/workdirs/{hashlib.sha256(pack).hexdigest()}.tar.gz"
+        stored = pack
+        if data_key is not None:
+            key += ".ngck1"
+            out = io.BytesIO()
+            encrypt_stream(io.BytesIO(pack), out, data_key)
+            stored = out.getvalue()
+        self.s3.client.put_object(Bucket=self.s3.bucket, Key=key, Body=stored)
+        self.job.workdir = {
+            "kind": "archive", "key": key, "size": len(stored),
+            "sha256": hashlib.sha256(stored).hexdigest(), "data_key": data_key,
+        }  # fmt: skip
+        return key
+
+    def use_git(self, url: str, commit: str, *, ssh_key: str | None = None) -> None:
+        """Make the job's code COMMIT of the repository at URL (already resolved, as at submit)."""
+        self.job.workdir = {"kind": "git", "url": url, "commit": commit, "ssh_key": ssh_key}
+
     # --- the API ----------------------------------------------------------------------------
 
     def dispatch(self, token: str | None, name: str, raw: bytes) -> tuple[int, dict[str, Any]]:
@@ -243,6 +280,8 @@ class FakeSupervisor:
             "job_id": job.id,
             "attempt_no": attempt.no,
             "command": job.command,
+            **({"launcher": job.launcher} if job.launcher else {}),
+            **({"num_gpus": job.num_gpus} if job.num_gpus is not None else {}),
             "env": job.env,
             "heartbeat_interval_s": job.heartbeat_interval_s,
             "total_steps": job.total_steps,
@@ -253,11 +292,33 @@ class FakeSupervisor:
                 **({"mode": job.checkpoint_mode} if job.checkpoint_mode else {}),
             },
             "resume": self._resume_target(),
+            **({"num_gpus": job.num_gpus} if job.num_gpus else {}),
+            "setup": job.setup,
+            "secrets": job.secrets,
+            "workdir": self._workdir_reply(),
             "encryption": (
                 {"data_key_b64": base64.b64encode(job.data_key).decode(), "format": "ngck1"}
                 if job.data_key
                 else None
             ),
+        }
+
+    def _workdir_reply(self) -> dict[str, Any] | None:
+        code = self.job.workdir
+        if code is None:
+            return None
+        if code["kind"] == "git":
+            return {k: code[k] for k in ("kind", "url", "commit", "ssh_key")}
+        key = code["data_key"]
+        return {
+            "kind": "archive",
+            "object": {
+                "url": self.s3.presign("get_object", Key=code["key"]),
+                "size": code["size"],
+                "sha256": code["sha256"],
+            },
+            "encrypted": key is not None,
+            "data_key_b64": base64.b64encode(key).decode() if key else None,
         }
 
     def _resume_target(self) -> dict[str, Any] | None:
@@ -432,9 +493,12 @@ class AgentRun:
             ) from None
 
     def stop(self) -> None:
-        """Kill whatever is left: the agent's group and the command's (its own session)."""
+        """Kill whatever is left: the agent's group and the command's (its own session), and
+        the sessions of a launcher's ranks (all the agent's descendants: the host is gone)."""
         groups = [self.proc.pid]
-        groups += [int(pid) for pid in re.findall(r"started command \(pid (\d+)\)", self.log())]
+        started = re.findall(r"started [^\n]*?\(pid (\d+)\)", self.log())  # git, setup, command
+        groups += [int(pid) for pid in started]
+        groups += sorted(procs.other_groups(procs.descendants(self.proc.pid), exclude=groups))
         for pgid in groups:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
@@ -481,3 +545,47 @@ def start_agent(
             start_new_session=True,
         )  # fmt: skip
     return AgentRun(proc, workdir, log_path)
+
+
+def code_pack(files: dict[str, bytes | str], *, modes: dict[str, int] | None = None) -> bytes:
+    """A .tar.gz of FILES (name -> content) the way the CLI packs a folder: sorted, mtime 0,
+    owner 0, no owner names; MODES gives a file's permission bits (default 0644)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for name in sorted(files):
+            data = files[name].encode() if isinstance(files[name], str) else files[name]
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), (modes or {}).get(name, 0o644), 0
+            tar.addfile(info, io.BytesIO(data))  # type: ignore[arg-type]
+    return out.getvalue()
+
+
+def git_repository(path: Path, commits: list[dict[str, str]]) -> tuple[str, list[str]]:
+    """A bare repository at PATH whose branch ``main`` has one commit per dict of COMMITS
+    (file name -> content, on top of the one before), made with the git CLI; returns its
+    file:// URL and the commits' ids, oldest first."""
+    work = path.with_name(path.name + ".src")
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}  # fmt: skip
+
+    def git(*args: str, cwd: Path = work) -> str:
+        done = subprocess.run(
+            ["git", "-c", "init.defaultBranch=main", *args],
+            cwd=cwd, env=env, check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        return done.stdout.strip()
+
+    path.mkdir(parents=True)
+    work.mkdir()
+    git("init", "-q", "--bare", str(path), cwd=path)
+    git("init", "-q")
+    ids = []
+    for files in commits:
+        for name, content in files.items():
+            (work / name).parent.mkdir(parents=True, exist_ok=True)
+            (work / name).write_text(content)
+        git("add", "-A")
+        git("commit", "-q", "-m", f"commit {len(ids) + 1}")
+        ids.append(git("rev-parse", "HEAD"))
+    git("push", "-q", str(path), "HEAD:refs/heads/main")
+    return path.as_uri(), ids

@@ -68,8 +68,18 @@ DATABASE_FIXTURES = frozenset(
 
 def pytest_collection_modifyitems(config, items) -> None:
     """Mark every test that touches the database (and so the broker, which only such tests use)
-    ``needs_db``, from its fixtures and ``django_db`` marker: CI runs the rest only once."""
+    ``needs_db``, from its fixtures and ``django_db`` marker: CI runs the rest only once.
+
+    Tests marked ``needs_postgres`` cut a PostgreSQL connection under the supervisor; on the
+    embedded SQLite there is no connection to cut, so they are deselected there (reported as
+    deselected, as ``-m`` would), and run in the PostgreSQL pass of ``make test``."""
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         if fixtures & DATABASE_FIXTURES or item.get_closest_marker("django_db"):
             item.add_marker(pytest.mark.needs_db)
+    if settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
+        return
+    kept = [item for item in items if not item.get_closest_marker("needs_postgres")]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept

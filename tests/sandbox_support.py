@@ -126,6 +126,11 @@ class Sandbox:
         assert reply.status_code == 200, reply.text
         return reply.json()
 
+    def refuse_ask(self, ask_id: int) -> None:
+        """Every create of ASK_ID is refused from now on (Vast's 403 about one offer)."""
+        reply = self.anon().post("/sandbox/inject", json={"action": "refuse-ask", "arg": ask_id})
+        assert reply.status_code == 200, reply.text
+
     def create(self, ask_id: int, key: str = DEFAULT_KEY, **body: Any) -> int:
         body.setdefault("image", "ubuntu:22.04")
         reply = self.client(key).put(f"/api/v0/asks/{ask_id}/", json=body)

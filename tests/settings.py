@@ -55,3 +55,7 @@ def _isolate() -> None:
 _isolate()
 
 from nomadgpu.settings import *  # noqa: E402, F403
+
+# No web beacon in the test process (a test importing nomadgpu.wsgi would start one writing into
+# every later test's database); a web process a test starts gets the one it is given.
+WEB_BEACON_INTERVAL_S = float(os.environ.get("WEB_BEACON_INTERVAL_S", "0"))

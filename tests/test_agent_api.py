@@ -208,6 +208,69 @@ def test_a_bad_heartbeat_gets_422_saying_what_is_wrong(client):
     assert "seq" in json.dumps(response.json())
 
 
+def gpu_row(index: int, **extra) -> dict:
+    return {
+        "index": index,
+        "pci_bus_id": f"00000000:{index + 1:02X}:00.0",
+        "name": "NVIDIA GeForce RTX 4090",
+        "utilization_pct": 97.0,
+        "memory_used_mib": 20123.0,
+        "memory_total_mib": 24564.0,
+        "temperature_c": 61.0,
+        "ecc_uncorrected": None,
+        "error": None,
+        **extra,
+    }
+
+
+def test_register_says_how_many_gpus_the_job_has(client):
+    _, token = make_attempt(JobFactory(requirements={"gpu_name": "RTX 4090", "num_gpus": 2}))
+
+    body = call(client, token, "register", {"agent_version": "0.1"}).json()
+
+    assert body["num_gpus"] == 2
+
+
+def test_a_heartbeat_stores_each_gpus_health(client):
+    attempt, token = make_attempt()
+    lost = gpu_row(1, error="lost: GPU is lost", utilization_pct=None)
+    gpu = {"ok": False, "error": "GPU 1 (0000:02:00.0) is lost", "gpus": [gpu_row(0), lost]}
+
+    assert call(client, token, "heartbeat", beat(1, 5, gpu=gpu)).status_code == 200
+    attempt.refresh_from_db()
+
+    assert attempt.gpus == [gpu_row(0), lost]
+    assert (attempt.gpu_ok, attempt.gpu_error) == (False, "GPU 1 (0000:02:00.0) is lost")
+    call(client, token, "heartbeat", beat(2, 6))  # an older agent: no GPU rows
+    attempt.refresh_from_db()
+    assert attempt.gpus == []
+
+
+@pytest.mark.parametrize(
+    "gpus",
+    [
+        [gpu_row(i) for i in range(17)],  # more than any host has
+        [gpu_row(0, name="x" * 101)],
+        [gpu_row(0, pci_bus_id="0" * 33)],
+        [gpu_row(0, error="e" * 301)],
+        [gpu_row(0, utilization_pct=101)],
+        [gpu_row(0, memory_used_mib=-1)],
+        [{**gpu_row(0), "index": -1}],
+        ["not an object"],
+    ],
+    ids=["17 gpus", "name", "bus id", "error", "utilisation", "memory", "index", "not object"],
+)
+def test_a_heartbeat_with_bad_gpu_rows_is_refused_and_nothing_stored(client, gpus):
+    attempt, token = make_attempt()
+
+    response = call(client, token, "heartbeat", beat(1, 5, gpu={"ok": True, "gpus": gpus}))
+    attempt.refresh_from_db()
+
+    assert response.status_code == 422
+    assert "gpus" in json.dumps(response.json())
+    assert (attempt.last_seq, attempt.step, attempt.gpus) == (-1, None, [])
+
+
 def test_an_oversized_body_gets_413(client, settings):
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1024
     _, token = make_attempt()

@@ -88,6 +88,40 @@ def test_find_ready_lists_marked_not_uploaded_directories_by_step(tmp_path):
     assert bad == ["soon"]
 
 
+def test_a_checkpoint_this_agent_uploaded_is_found_on_disk_by_its_id(tmp_path):
+    # The host rebooted and came back with its disk: the resume needs no download.
+    uploaded = make_checkpoint(tmp_path / "checkpoint-20", step=20)
+    (uploaded / "NOMAD_UPLOADED").write_text("7\n")
+    make_checkpoint(tmp_path / "checkpoint-40", step=40)
+
+    assert ck.local_copy(tmp_path, 7, 20) == uploaded
+    assert ck.local_copy(tmp_path, 8, 20) is None  # another checkpoint of that step
+    assert ck.local_copy(tmp_path, 7, 40) is None
+
+
+def test_a_ready_checkpoint_whose_marker_was_never_written_counts_when_it_packs_to_the_digest(
+    tmp_path,
+):
+    # The reboot came between the supervisor's "ready" and the agent's NOMAD_UPLOADED.
+    ready = make_checkpoint(tmp_path / "checkpoint-20", step=20)
+    digest = hashlib.sha256(packed(ck.plan_tar(ready))).hexdigest()
+
+    assert ck.local_copy(tmp_path, 7, 20, sha256=digest) == ready
+    assert ck.local_copy(tmp_path, 7, 20, sha256="0" * 64) is None
+    assert ck.local_copy(tmp_path, 7, 20) is None  # encrypted: nothing to compare with
+
+
+def test_a_finished_restore_is_found_again_but_not_one_cut_short(tmp_path):
+    target = tmp_path / "resume-20"
+    target.mkdir()
+    assert ck.local_copy(tmp_path, 7, 20) is None  # unpacked, maybe partly: no note yet
+
+    ck.mark_restored(target, 7)
+
+    assert ck.local_copy(tmp_path, 7, 20) == target
+    assert ck.find_ready(tmp_path, on_bad_marker=lambda *_: None) == []  # the note is no ckpt
+
+
 def test_unpack_restores_files_and_decrypts(tmp_path):
     src = make_checkpoint(tmp_path / "ckpt")
     plan = ck.plan_tar(src)

@@ -1,6 +1,6 @@
 """The real agent (a subprocess) reports its phase boundaries to a live fake supervisor: the
-bootstrap's moments at register, the restore, the command's start and its first step on the
-heartbeats, each until a call carrying it was answered."""
+bootstrap's moments at register, the code and setup, the restore, the command's start and its
+first step on the heartbeats, each until a call carrying it was answered."""
 
 from __future__ import annotations
 
@@ -56,7 +56,11 @@ def test_a_resuming_agent_reports_each_boundary_once_it_is_known(supervisor, tmp
     assert phases["deps_ready"] >= 9
     beats = reported(second)
     # Each one sent until answered: here the first heartbeat that carried it was answered.
+    # The job has no code, stage or setup: those boundaries still come, a moment after start.
     assert {name: len(ages) for name, ages in beats.items()} == {
+        "workdir_ready": 1,
+        "stage_done": 1,
+        "setup_done": 1,
         "restore_downloaded": 1,
         "restore_unpacked": 1,
         "command_started": 1,

@@ -207,6 +207,32 @@ def test_a_second_attempt_resumes_from_the_newest_checkpoint(
     assert max(h["bytes_down"] for h in second.heartbeats) == newest.size
 
 
+def test_a_restarted_container_resumes_from_the_checkpoint_on_its_disk_without_downloading(
+    make_supervisor, runs, tmp_path
+):
+    # A host that rebooted and came back: the container restarts on the same disk (Vast
+    # keeps it), so the checkpoint the script wrote and this agent uploaded is still there.
+    supervisor = make_supervisor(
+        env={**FAST, "TOY_STEPS": "20", "TOY_CHECKPOINT_EVERY": "10", "TOY_WEIGHTS_KB": "64"}
+    )
+    first = supervisor.new_attempt()
+    disk = tmp_path / "disk"
+    run = start_agent(supervisor, first, disk)
+    runs.append(run)
+    assert run.wait(60) == 0, run.log()
+
+    supervisor.job.env["TOY_STEPS"] = "30"
+    again = supervisor.new_attempt()
+    run = start_agent(supervisor, again, disk)
+    runs.append(run)
+    assert run.wait(60) == 0, run.log()
+
+    assert "checkpoint step 20 is already on this disk" in run.log()
+    assert "resumed from step 20" in again.exit["log_tail"]
+    assert min(steps_seen(again)) > 20
+    assert max(h["bytes_down"] for h in again.heartbeats) == 0  # nothing downloaded
+
+
 def test_checkpoint_now_makes_the_script_save_one(make_supervisor, runs, tmp_path, zipapp):
     supervisor = make_supervisor(
         env={**FAST, "TOY_STEPS": "400", "TOY_CHECKPOINT_EVERY": "1000"}, stop_grace_s=10
@@ -396,6 +422,26 @@ def test_training_survives_the_supervisor_being_away(make_supervisor, runs, tmp_
     assert gpu["ok"] is False
     assert "did not answer" in gpu["error"]
     assert [c.step for c in supervisor.ready_checkpoints(attempt)] == [100]
+
+
+def test_a_job_with_two_gpus_on_a_host_showing_one_reports_the_gpu_fault(
+    make_supervisor, runs, tmp_path
+):
+    supervisor = make_supervisor(
+        env={**FAST, "TOY_STEPS": "20", "TOY_CHECKPOINT_EVERY": "10"}, total_steps=20, num_gpus=2
+    )
+    attempt = supervisor.new_attempt()
+    one_gpu = "echo '0, 00000000:01:00.0, NVIDIA GeForce RTX 4090, 90, 2000, 24564, 60, [N/A]'"
+    run = start_agent(
+        supervisor, attempt, tmp_path / "work", env=fake_nvidia_smi(tmp_path / "bin", one_gpu)
+    )
+    runs.append(run)
+
+    assert run.wait(60) == 0, run.log()
+    gpu = attempt.heartbeats[-1]["gpu"]
+    assert gpu["ok"] is False
+    assert gpu["error"] == "a GPU is missing: nvidia-smi lists 1 of the job's 2 GPUs"
+    assert [(g["index"], g["utilization_pct"]) for g in gpu["gpus"]] == [(0, 90.0)]
 
 
 def test_a_corrupt_resume_checkpoint_is_an_agent_error_not_a_run(

@@ -124,6 +124,36 @@ def test_submit_lists_the_fields_the_server_refused(run, tmp_path):
     assert not Job.objects.exists()
 
 
+def test_submit_sends_the_stage_entries_of_the_toml_file(run, tmp_path):
+    staged = tmp_path / "staged.toml"
+    staged.write_text(
+        JOB_TOML
+        + '\n[[stage]]\nhf = "Qwen/Qwen2.5-7B-Instruct"\nfiles = ["*.json"]\n'
+        + '\n[[stage]]\nurl = "https://example.org/train.jsonl"\npath = "data/train.jsonl"\n'
+    )
+
+    code, _, err = run("submit", str(staged))
+
+    job = Job.objects.get()
+    assert code == 0, err
+    assert job.stage == [
+        {"hf": "Qwen/Qwen2.5-7B-Instruct", "revision": "main", "files": ["*.json"]},
+        {"url": "https://example.org/train.jsonl", "path": "data/train.jsonl"},
+    ]
+    assert job.stage_state == "staging"  # the worker mirrors it before any rent
+
+
+def test_submit_names_a_malformed_stage_entry(run, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('stage = [{hf = "Qwen", revision = ""}]\n' + JOB_TOML)
+
+    code, _, err = run("submit", str(bad))
+
+    assert code == cli.EXIT_REFUSED
+    assert "stage.0.hf.hf: Value error, 'Qwen' is not a Hugging Face repo id (ORG/NAME)" in err
+    assert not Job.objects.exists()
+
+
 def test_submit_of_a_broken_file_says_why_without_calling_the_server(run, tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "unterminated')
@@ -148,6 +178,37 @@ def test_status_lists_the_teams_jobs_and_shows_one(run, cast):
     assert "theirs" not in listing
     assert "150/300  50%" in detail
     assert "RTX 4090 instance 77" in detail
+
+
+def test_status_prints_the_loss_as_the_job_page_does(run, client, cast):
+    job = JobFactory(team=cast.team_a, name="tiny-loss", total_steps=300, state="running")
+    make_attempt(job, state="running", instance_id=78, step=150, loss=1.351361815509973e-05)
+    client.force_login(cast.member)
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+
+    _, detail, _ = run("status", str(job.pk))
+
+    assert "          loss: 1.351e-05" in detail.splitlines()
+    assert '<span class="num" id="job-loss">1.351e-05</span>' in page
+
+
+def test_status_says_how_the_step_resumed_from_compares_with_the_step_reached(run, cast):
+    from jobs.models import Interruption
+
+    job = JobFactory(team=cast.team_a, name="drilled", total_steps=300, state="running")
+    lost, _ = make_attempt(job, state="ended", instance_id=80, step=48)
+    make_attempt(job, number=2, state="running", instance_id=81, step=55)
+    Interruption.objects.create(
+        job=job, attempt=lost, cause="provider_gone", detected_at=timezone.now(),
+        running_again_at=timezone.now(), step_reached=48, resumed_step=50,
+    )  # fmt: skip
+
+    _, detail, _ = run("status", str(job.pk))
+
+    assert (
+        "resumed from step 50; checkpoint 50 was written after the last heartbeat, which "
+        "reported step 48: no work lost" in detail
+    )
 
 
 def test_status_of_another_teams_job_is_refused_as_not_found(run, cast):

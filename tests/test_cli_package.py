@@ -1,5 +1,6 @@
 """The CLI as a distribution of its own: it imports without Django or Celery, and
-``pip install .`` from the checkout gives a working ``nomadgpu`` command with httpx alone."""
+``pip install .`` from the checkout gives a working ``nomadgpu`` command with httpx and
+pathspec alone."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def test_importing_and_running_the_cli_from_the_checkout_loads_nothing_of_the_se
         "assert 'django' not in sys.modules and 'celery' not in sys.modules\n"
         f"loaded = sorted(m for m in sys.modules if m.split('.')[0] in {SERVER_MODULES!r})\n"
         "assert not loaded, loaded\n"
-        "assert 'httpx' in sys.modules\n"
+        "assert 'httpx' in sys.modules and 'pathspec' in sys.modules\n"
     )
     result = run(
         sys.executable, "-c", code, cwd=ROOT, env=clean_env(PYTHONPATH=str(ROOT)), timeout=60
@@ -58,20 +59,25 @@ def test_importing_and_running_the_cli_from_the_checkout_loads_nothing_of_the_se
     assert result.stdout.startswith("usage: nomadgpu")
 
 
-def httpx_pin() -> str:
-    pin = re.search(r"^httpx==\S+", (ROOT / "requirements.txt").read_text(), re.MULTILINE)
-    assert pin is not None, "requirements.txt pins httpx"
-    return pin.group(0)
+# What the CLI needs: httpx for the API, pathspec for the ignore files of a code pack.
+CLI_DEPENDENCIES = ("httpx", "pathspec")
 
 
-def test_the_distribution_pins_httpx_as_requirements_txt_does():
+def cli_pins() -> list[str]:
+    text = (ROOT / "requirements.txt").read_text()
+    pins = [re.search(rf"^{name}==\S+", text, re.MULTILINE) for name in CLI_DEPENDENCIES]
+    assert all(pins), f"requirements.txt pins {CLI_DEPENDENCIES}"
+    return [pin.group(0) for pin in pins]
+
+
+def test_the_distribution_pins_its_dependencies_as_requirements_txt_does():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["dependencies"] == [httpx_pin()]
+    assert project["dependencies"] == cli_pins()
     assert project["scripts"] == {"nomadgpu": "nomadgpu_cli.cli:main"}
 
 
 @pytest.mark.slow
-def test_pip_install_of_the_checkout_gives_a_nomadgpu_command_with_httpx_alone(tmp_path):
+def test_pip_install_of_the_checkout_gives_a_nomadgpu_command_with_its_two_dependencies(tmp_path):
     """A real ``pip install`` (build isolation, dependencies from the configured index) into a
     fresh virtualenv without the project's. setuptools writes ``build/`` and ``*.egg-info`` into
     the tree it builds, so it builds a copy of the checkout, never the checkout itself."""
@@ -106,7 +112,7 @@ def test_pip_install_of_the_checkout_gives_a_nomadgpu_command_with_httpx_alone(t
     shown = run(python, "-I", "-c", inside, cwd=tmp_path, env=clean_env(), timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout) == {
-        "requires": [httpx_pin()],
+        "requires": cli_pins(),
         "top_levels": ["nomadgpu_cli", "nomadgpu_cli-0.1.0.dist-info"],
         "importable": [],
     }

@@ -136,7 +136,7 @@ def test_an_item_whose_text_did_not_parse_says_unparsed_and_keeps_its_amount(cli
     assert "Internet: download bandwidth" in body
     assert "unparsed" in body
     assert "$0.659" in body
-    assert "download: $0.659 billed vs $0.000 recorded (item text unparsed)" in body
+    assert "download: $0.659 billed vs $0.00 recorded (item text unparsed)" in body
 
 
 def test_the_export_has_one_row_per_attempt_with_the_difference(client, cast, ledger):

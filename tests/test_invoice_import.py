@@ -257,3 +257,27 @@ def test_teams_on_the_shared_server_key_import_only_their_own_instances(
     assert [c.source for c in Charge.objects.filter(team=teams[0])] == ["instance-1"]
     assert [c.source for c in Charge.objects.filter(team=teams[1])] == ["instance-2"]
     assert not Charge.objects.filter(source="instance-3").exists()  # nobody's
+
+
+@pytest.mark.django_db
+def test_a_charge_that_cannot_be_stored_leaves_the_others_stored_and_its_day_open(
+    vast_billing: FakeVastBilling,
+):
+    # One row in a day's answer that no column can hold (an amount of 10^12 dollars) must not
+    # stop the import of the rest, nor of later days; its day is asked for again next time.
+    odd = charge(70_001, DAY1, gpu_h=2)
+    odd["amount"] = 1e12
+    vast_billing.charges = [
+        odd,
+        charge(70_002, DAY1, gpu_h=2),
+        charge(70_003, DAY1 + timedelta(1), gpu_h=1),
+    ]
+    team = team_on(vast_billing)
+
+    invoices.sync_team(team, now=NOW)
+
+    stored = set(Charge.objects.filter(team=team).values_list("source", flat=True))
+    assert stored == {"instance-70002", "instance-70003"}
+    sync = InvoiceSync.objects.get(team=team)
+    assert "charge instance-70001 of 2026-03-01 could not be stored" in sync.last_error
+    assert sync.charges_complete_through is None  # the first day stays to be imported again

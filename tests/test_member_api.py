@@ -229,6 +229,8 @@ def test_show_reports_progress_eta_spend_host_and_interruptions(client, cast):
         step=150,
         total_steps=300,
         seconds_per_step=4.0,
+        gpu_ok=True,
+        gpus=[{"index": 0, "pci_bus_id": "00000000:01:00.0", "utilization_pct": 97.0}],
     )
     job.state = "running"
     job.save()
@@ -241,6 +243,20 @@ def test_show_reports_progress_eta_spend_host_and_interruptions(client, cast):
     assert body["spend_usd"] == pytest.approx(0.36, rel=0.01)
     assert body["host"]["instance_id"] == 12
     assert body["host"]["machine_id"] == 77
+    assert (body["host"]["gpu_ok"], body["host"]["gpu_error"]) == (True, "")
+    assert body["host"]["gpus"] == [  # what an older row lacks is null
+        {
+            "index": 0,
+            "pci_bus_id": "00000000:01:00.0",
+            "name": "",
+            "utilization_pct": 97.0,
+            "memory_used_mib": None,
+            "memory_total_mib": None,
+            "temperature_c": None,
+            "ecc_uncorrected": None,
+            "error": None,
+        }
+    ]
     assert body["interruptions"] == 1
     assert body["interruption_list"][0]["attempt"] == 1
     assert body["interruption_list"][0]["resumed_step"] == 100

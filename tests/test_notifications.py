@@ -15,7 +15,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from jobs import lifecycle
-from jobs.models import Checkpoint, Job, JobEvent
+from jobs.models import Checkpoint, Interruption, Job, JobEvent
 from notify import messages, outbox, tasks
 from notify.models import Channel, Delivery, DeliveryState
 from notify.transports import sign, telegram_payload
@@ -590,6 +590,20 @@ def test_host_lost_says_cause_step_and_last_checkpoint(recovered_job, site):
     assert text.splitlines()[-1] == f"{site}/jobs/{recovered_job.pk}/"
 
 
+def test_running_again_past_the_step_reached_says_the_checkpoint_came_after_the_heartbeat(
+    recovered_job, site
+):
+    # The drill's case: the last heartbeat said 48, checkpoint 50 was uploaded after it.
+    Interruption.objects.filter(job=recovered_job).update(step_reached=48, resumed_step=50)
+
+    text = message_for(recovered_job, "running_again").text
+
+    assert (
+        "Resumed from step 50 (checkpoint 50 was written after the last heartbeat, which "
+        "reported step 48: no work lost)" in text
+    )
+
+
 def test_running_again_says_downtime_resumed_step_and_new_price(recovered_job, site):
     message = message_for(recovered_job, "running_again")
 
@@ -613,7 +627,7 @@ def test_finished_says_duration_cost_and_savings(recovered_job):
     # Billed from registration: 19 min at $0.31/h and 17 min at $0.35/h. Reference: the 38 min
     # on machines at $4.10/h (speed factor 1).
     assert "Took 45 min (38 min on machines)" in message.text
-    assert "Cost: $0.20 · 1x A100 80GB on demand: $2.60" in message.text
+    assert "Cost (recorded): $0.197 · 1x A100 80GB on demand: $2.60" in message.text
     assert "Saved $2.40 · survived 1 interruption" in message.text
     assert message.data["cost_usd"] == pytest.approx(0.1973, abs=1e-3)
 
@@ -645,8 +659,23 @@ def test_budget_events_render_their_message_and_numbers_generically():
 
     assert "Budget at 80 %" in text
     assert "80 % of the daily budget used" in text
-    assert "Spent usd: 8.0" in text
-    assert "Limit usd: 10" in text
+    assert "Spent: $8.00" in text
+    assert "Limit: $10.00" in text
+
+
+@pytest.mark.django_db
+def test_a_job_held_for_attention_notifies_with_the_field_and_what_to_do(site):
+    from jobs import attention
+
+    job = JobFactory(state="queued", requirements={"gpu_name": "RTX 4090"})
+    assert attention.hold_if_spec_invalid(job, now=timezone.now())
+
+    text = messages.build(job.events.get(kind="needs_attention")).text
+
+    assert "Job needs attention" in text
+    assert "requirements: unknown key 'gpu_name'" in text
+    assert "Fix the job in the admin" in text
+    assert "Fields:" not in text  # the sentence says it; no raw list beside it
 
 
 @pytest.mark.django_db

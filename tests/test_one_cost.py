@@ -1,31 +1,42 @@
-"""A job's cost is one number: the finished notification, the job page and the member API
-all show billing's (``billing.reconcile.job_cost``)."""
+"""A job's cost is one number with one label on every surface (``billing.cost.job_cost``):
+the job page and list, the member API and the CLI, the finished notification, the Job admin
+and the finance pages; recorded until the invoice covers the job, invoiced after; its
+breakdown adds up to it. (The public status page shows no job's money.)"""
 
 from __future__ import annotations
 
 import re
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.urls import reverse
 from django.utils import timezone
 
+from billing import invoices
+from billing.cost import INVOICED, RECORDED, shown_parts
 from jobs import lifecycle
 from nomadgpu import api_tokens
+from nomadgpu.humanize import money
+from nomadgpu_cli import cli
 from notify import messages
 from tests.factories import JobFactory, make_attempt
+from tests.vast_billing_fake import FakeVastBilling, charge
 
-pytestmark = pytest.mark.django_db
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FIRST, SECOND = 51_001, 51_002
 
 
 def finished_job(team):
     """Two attempts: one lost after 20 min at $0.31/h, one that ran 18 min at $0.35/h. Each
-    registered a minute after its rent (the GPU is billed from then) and moved 3 GB."""
+    registered a minute after its rent (the GPU is billed from then) and the first moved 3 GB."""
     start = timezone.now() - timedelta(hours=1)
-    job = JobFactory(team=team, total_steps=300, created_at=start)
+    job = JobFactory(team=team, name="one-cost", total_steps=300, created_at=start)
     first, _ = make_attempt(
         job,
         state="running",
+        instance_id=FIRST,
         dph_base=0.31,
         disk_gb=40,
         storage_usd_per_gb_hour=0.0002,
@@ -45,6 +56,7 @@ def finished_job(team):
         job,
         number=2,
         state="starting",
+        instance_id=SECOND,
         dph_base=0.35,
         disk_gb=40,
         storage_usd_per_gb_hour=0.0002,
@@ -54,26 +66,137 @@ def finished_job(team):
     lifecycle.mark_running(second, now=start + timedelta(minutes=25))
     second.refresh_from_db()
     lifecycle.handle_exit(second, exit_code=0, reason="exited", now=start + timedelta(minutes=40))
+    job.refresh_from_db()
     return job
 
 
-def test_the_finished_message_the_job_page_and_the_member_api_show_one_cost(
-    client, cast, monkeypatch
-):
+@pytest.fixture
+def job(cast, monkeypatch):
     monkeypatch.setattr("jobs.lifecycle.send_task", lambda *a: None)
-    job = finished_job(cast.team_a)
+    return finished_job(cast.team_a)
 
-    message = messages.build(job.events.get(kind="finished"))
+
+@pytest.fixture
+def run_cli(live_server, cast, capsys):
+    """The CLI in-process against the live server, as the team admin."""
+    token = api_tokens.create_token(user=cast.admin, name="cli", now=timezone.now())[1]
+
+    def run(*argv: str) -> str:
+        assert cli.main(["--url", live_server.url, "--token", token, *argv]) == 0
+        return capsys.readouterr().out
+
+    return run
+
+
+def found(pattern: str, text: str) -> tuple[str, str]:
+    """(amount, label) from the first match of PATTERN's named groups in TEXT."""
+    match = re.search(pattern, text)
+    assert match is not None, f"{pattern!r} not in {text[:3000]}"
+    return match["amount"], match["label"]
+
+
+def every_surface(client, cast, job, run_cli) -> dict[str, tuple[str, str]]:
+    """(amount, label) of JOB as each surface shows it."""
+    client.force_login(cast.admin)
+    first = job.attempts.order_by("number").first().rented_at.date()
+    period = f"?start={first}&end={timezone.now().date()}"
+    api = client.get(f"/api/jobs/{job.pk}").json()
+    listed = next(j for j in client.get("/api/jobs/").json() if j["id"] == job.pk)
+    return {
+        "job page": found(
+            r'<dt>Cost \((?P<label>\w+)\)</dt><dd class="num" id="job-cost">(?P<amount>[^<]+)<',
+            client.get(reverse("job-detail", args=[job.pk])).content.decode(),
+        ),
+        "job list": found(
+            r'class="job-cost">(?P<amount>[^<]+)</span> <span class="muted small">(?P<label>\w+)<',
+            client.get(reverse("job-list")).content.decode(),
+        ),
+        "member API": (api["cost_text"], api["cost_basis"]),
+        "member API, money of cost_usd": (money(api["cost_usd"]), api["cost_basis"]),
+        "member API list": (listed["cost_text"], listed["cost_basis"]),
+        "CLI status": found(
+            r"cost: (?P<amount>\S+) \((?P<label>\w+)\)", run_cli("status", str(job.pk))
+        ),
+        "CLI list": found(
+            rf"{job.pk} .*one-cost.* (?P<amount>\$\S+) (?P<label>\w+) ", run_cli("status")
+        ),
+        "finished notification": found(
+            r"Cost \((?P<label>\w+)\): (?P<amount>\$[\d.,]+)",
+            messages.build(job.events.get(kind="finished")).text,
+        ),
+        "Job admin": found(
+            r'class="field-cost">(?P<amount>[^<]+) \((?P<label>\w+)\)<',
+            client.get(reverse("admin:jobs_job_changelist")).content.decode(),
+        ),
+        "finance job row": found(
+            r'class="job-cost">(?P<amount>[^<]+) <span class="muted">(?P<label>\w+)<',
+            client.get(f"/finance/{job.team.slug}/{period}").content.decode(),
+        ),
+        "finance job page": found(
+            r'Cost \((?P<label>\w+)\): <strong id="job-cost">(?P<amount>[^<]+)<',
+            client.get(f"/finance/{job.team.slug}/jobs/{job.pk}/").content.decode(),
+        ),
+    }
+
+
+def import_invoice(team, job, fake: FakeVastBilling) -> str:
+    """Vast bills both attempts (GPU a little over what was recorded, the first's 3 GB) and
+    the import runs as the beat's does; returns the billed total by the money rule."""
+    first, second = job.attempts.order_by("number")
+    fake.charges = [
+        charge(FIRST, first.rented_at.date(), gpu_h=0.34, rate=0.31, down_gb=3, down_rate=0.01),
+        charge(SECOND, second.rented_at.date(), gpu_h=0.31, rate=0.35),
+    ]
+    team.vast_url, team.vast_api_key = fake.url, "billing-key"
+    team.save()
+    invoices.sync_team(team, now=timezone.now())
+    return money(sum(Decimal(str(i["amount"])) for c in fake.charges for i in c["items"]))
+
+
+def test_one_job_shows_one_cost_and_label_everywhere_before_and_after_its_invoice(
+    client, cast, job, run_cli, vast_billing
+):
+    before = every_surface(client, cast, job, run_cli)
+    billed = import_invoice(cast.team_a, job, vast_billing)
+    after = every_surface(client, cast, job, run_cli)
+
+    assert set(before.values()) == {(before["job page"][0], RECORDED)}, before
+    assert set(after.values()) == {(billed, INVOICED)}, after
+    assert billed != before["job page"][0]
+
+
+def test_the_breakdown_adds_up_to_the_cost_on_the_page_and_in_the_api(client, cast, job):
     client.force_login(cast.admin)
     page = client.get(reverse("job-detail", args=[job.pk])).content.decode()
-    _, token = api_tokens.create_token(user=cast.admin, name="t", now=timezone.now())
-    api = client.get(f"/api/jobs/{job.pk}", HTTP_AUTHORIZATION=f"Bearer {token}").json()
+    api = client.get(f"/api/jobs/{job.pk}").json()
 
-    on_page = re.search(r"Cost \(estimated\)</dt><dd class=\"num\">\$([0-9.]+)</dd>", page)
-    assert on_page is not None, "the job page shows no estimated cost"
-    assert api["cost_basis"] == message.data["cost_basis"] == "estimated"
-    assert api["cost_usd"] > 0.19  # GPU from registration, disk and the download all count
-    assert message.data["cost_usd"] == pytest.approx(api["cost_usd"], abs=5e-5)
-    assert on_page.group(1) == f"{api['cost_usd']:.3f}"
-    assert f"Cost: ${api['cost_usd']:.2f}" in message.text
-    assert api["cost_usd"] == pytest.approx(api["spend"]["total"])  # not invoiced yet
+    shown = re.search(r'id="job-cost-breakdown">(.*?)</p>', page)[1]
+    parts = [Decimal(a) for a in re.findall(r"(?:GPU|storage|download|upload) \$([\d.]+)", shown)]
+    total = Decimal(re.search(r'id="job-cost">\$([\d.]+)<', page)[1])
+    exact = api["cost_breakdown"]
+
+    assert len(parts) == 4
+    assert sum(parts) == total
+    assert sum(Decimal(str(exact[k])) for k in ("gpu", "storage", "download", "upload")) == (
+        Decimal(str(exact["total"]))
+    )
+    assert exact["total"] == api["cost_usd"] == api["spend_usd"]
+    assert sum(Decimal(t.lstrip("$")) for t in api["cost_breakdown_text"].values()) == total
+
+
+def test_the_rounding_remainder_goes_to_the_largest_part():
+    parts = [
+        ("gpu", Decimal("0.003351")),
+        ("storage", Decimal("0.00335")),
+        ("upload", Decimal("0.00335")),
+    ]
+    total = sum(v for _, v in parts)  # $0.0101 shown; each part alone rounds to $0.0034
+
+    shown = shown_parts(parts, total)
+
+    assert shown == [
+        ("gpu", Decimal("0.0033")),
+        ("storage", Decimal("0.0034")),
+        ("upload", Decimal("0.0034")),
+    ]
+    assert sum(v for _, v in shown) == Decimal("0.0101")

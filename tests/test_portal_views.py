@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.urls import reverse
@@ -14,6 +15,7 @@ from django.utils import timezone
 
 from jobs.models import Checkpoint, Interruption, Job, JobEvent, LossPoint
 from jobs.spec import template_spec
+from nomadgpu.humanize import money
 from portal.forms import spec_to_initial
 from tests.factories import JobFactory, make_attempt
 
@@ -153,7 +155,7 @@ def test_a_valid_submission_creates_the_job_and_opens_its_page(member_client, ca
     assert job.team == cast.team_a
     assert job.created_by == cast.member
     assert job.requirements["gpu_names"] == ["RTX 4090"]
-    assert str(job.budget_usd) == "2.50"
+    assert job.budget_usd == Decimal("2.50")
     assert job.env["TOY_STEPS"] == "300"
 
 
@@ -239,6 +241,79 @@ def test_job_page_shows_timeline_with_detection_and_recovery_times(member_client
     assert "step 120 loss 0.4321" in html  # log tail
 
 
+GPU_ROWS = [
+    {
+        "index": 0,
+        "pci_bus_id": "00000000:01:00.0",
+        "name": "NVIDIA GeForce RTX 4090",
+        "utilization_pct": 97.0,
+        "memory_used_mib": 20123.0,
+        "memory_total_mib": 24564.0,
+        "temperature_c": 61.0,
+        "ecc_uncorrected": None,
+        "error": None,
+    },
+    {
+        "index": 1,
+        "pci_bus_id": "00000000:41:00.0",
+        "name": "NVIDIA GeForce RTX 4090",
+        "utilization_pct": None,
+        "memory_used_mib": None,
+        "memory_total_mib": None,
+        "temperature_c": None,
+        "ecc_uncorrected": None,
+        "error": "lost: GPU is lost.  Reboot the system to recover this GPU",
+    },
+]
+
+
+def test_job_page_shows_each_gpu_of_the_host_and_the_one_that_is_lost(member_client, cast):
+    job, attempt = running_job(cast.team_a)
+    attempt.gpus, attempt.gpu_ok = GPU_ROWS, False
+    attempt.gpu_error = "GPU 1 (0000:41:00.0) is lost: GPU is lost."
+    attempt.save()
+
+    html = member_client.get(reverse("job-detail", args=[job.id]), **HX).content.decode()
+
+    assert 'id="gpu-health"' in html
+    assert (
+        "<td>GPU 0</td><td><code>00000000:01:00.0</code></td><td>NVIDIA GeForce RTX 4090</td>"
+        '<td class="num">97 %</td><td class="num">20,123 / 24,564 MiB</td>'
+        '<td class="num">61 °C</td><td class="num">—</td><td>ok</td>'
+    ) in html
+    assert '<tr class="errorlist"><td>GPU 1</td>' in html
+    assert "lost: GPU is lost.  Reboot the system to recover this GPU" in html
+    assert "GPU 1 (0000:41:00.0) is lost: GPU is lost." in html  # the fault, above the table
+
+
+def test_job_page_shows_no_gpu_table_before_a_heartbeat_lists_them(member_client, cast):
+    job, _ = running_job(cast.team_a)
+
+    html = member_client.get(reverse("job-detail", args=[job.id])).content.decode()
+
+    assert 'id="gpu-health"' not in html
+
+
+def test_a_host_lost_after_waiting_shows_its_interruption_dated_when_it_went_offline(
+    member_client, cast
+):
+    job, attempt = running_job(cast.team_a)
+    went = timezone.now() - timedelta(minutes=10)
+    Interruption.objects.create(
+        job=job, attempt=attempt, cause="provider_offline", detected_at=went,
+        last_heartbeat_at=went - timedelta(seconds=4),
+    )  # fmt: skip
+    JobEvent.objects.create(
+        job=job, kind="host_lost", message="host lost (provider_offline)",
+        created_at=went + timedelta(minutes=10), data={"attempt_id": attempt.pk},
+    )  # fmt: skip
+
+    html = member_client.get(reverse("job-detail", args=[job.id])).content.decode()
+
+    assert html.count("ev-host_lost") == 1  # one entry, with its interruption's details
+    assert "4 s after the last heartbeat" in html
+
+
 def test_job_page_with_htmx_answers_only_the_live_region(member_client, cast):
     job, _ = running_job(cast.team_a)
 
@@ -309,7 +384,7 @@ def test_job_page_explains_the_chosen_host_with_cost_breakdowns(member_client, c
         "chosen": {"offer": offer, "cost": cost},
         "candidates": [
             {"offer": offer, "cost": cost},
-            {"offer": {**offer, "id": 8}, "cost": {**cost, "total_usd": 0.2}},
+            {"offer": {**offer, "id": 8}, "cost": {**cost, "storage_usd": 0.08, "total_usd": 0.2}},
         ],
         "offers_seen": 240,
         "offers_ranked": 12,
@@ -322,8 +397,9 @@ def test_job_page_explains_the_chosen_host_with_cost_breakdowns(member_client, c
 
     assert "Chose offer 7" in html
     assert "12 acceptable of 240 offers seen" in html
-    assert "0.130" in html
-    assert "0.200" in html
+    # Each row's total is the sum of its columns, written by the one money rule.
+    assert f"<strong>{money(0.13)}</strong>" in html
+    assert f"<strong>{money(0.2)}</strong>" in html
 
 
 def test_resume_button_only_when_the_budgets_view_exists_and_for_admins(client, cast):

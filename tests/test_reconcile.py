@@ -155,6 +155,85 @@ def test_storage_billed_after_the_instance_stopped_says_so():
     assert row.reason.startswith("storage after stop")
 
 
+def storage_attempt():
+    """The field report's run on a 50 GB disk at $0.001/GB/h: the disk costs $0.05/h."""
+    return field_report_attempt(TeamFactory(), storage_usd_per_gb_hour=0.001, disk_gb=50)
+
+
+def gpu_item(attempt) -> tuple[str, str, str]:
+    gpu_h = (attempt.ended_at - attempt.registered_at).total_seconds() / 3600
+    return ("gpu", f"{gpu_h:.3f} hours at $0.400/hour", f"{gpu_h * 0.4:.3f}")
+
+
+@pytest.mark.django_db
+def test_storage_billed_in_vasts_hours_is_compared_as_hours_at_the_disks_hourly_rate():
+    attempt = storage_attempt()
+    # Vast's billing page words storage as "0.9765233 hours at $0.018/hour": the whole disk.
+    bill(attempt, gpu_item(attempt), ("disk", "0.4400000 hours at $0.050/hour", "0.022"))
+
+    row = reconciled(attempt)
+
+    storage = row.components[1]
+    assert storage.unit == "h"
+    assert storage.billed_qty == pytest.approx(0.44)
+    assert storage.recorded_qty == pytest.approx(0.44)  # the hours the disk existed
+    assert storage.recorded_rate == pytest.approx(0.05)  # 50 GB x $0.001/GB/h
+    assert storage.billed_rate == pytest.approx(0.05)
+    assert row.status == Status.MATCHED
+
+
+@pytest.mark.django_db
+def test_more_storage_hours_billed_than_the_disk_existed_says_so_in_hours():
+    attempt = storage_attempt()
+    bill(attempt, gpu_item(attempt), ("disk", "1.5000000 hours at $0.050/hour", "0.075"))
+
+    row = reconciled(attempt)
+
+    assert row.status == Status.OVER_BILLED
+    assert row.reason == "storage: 1.500 h billed vs 0.440 h recorded"
+
+
+@pytest.mark.django_db
+def test_storage_in_the_old_monthly_wording_is_still_compared_in_gb_hours():
+    attempt = storage_attempt()
+    bill(
+        attempt, gpu_item(attempt), ("disk", "50.0 GB for 1.500 hours at $0.720/GB/month", "0.075")
+    )
+
+    row = reconciled(attempt)
+
+    assert row.components[1].unit == "GB-h"
+    assert row.reason == "storage: 75.000 GB-h billed vs 22.000 GB-h recorded"
+
+
+@pytest.mark.django_db
+def test_storage_days_in_both_wordings_are_never_summed_into_one_quantity():
+    attempt = storage_attempt()
+    bill(attempt, gpu_item(attempt), ("disk", "0.2000000 hours at $0.050/hour", "0.010"))
+    bill(
+        attempt,
+        ("disk", "50.0 GB for 0.240 hours at $0.720/GB/month", "0.012"),
+        day=DAY0 + timedelta(days=1),
+    )
+
+    storage = reconciled(attempt).components[1]
+
+    assert storage.billed_qty is None  # 0.2 h and 12 GB-h do not add up
+    assert storage.billed == pytest.approx(0.022)
+
+
+@pytest.mark.django_db
+def test_storage_in_an_unknown_wording_keeps_its_amount_and_is_compared_in_money():
+    attempt = storage_attempt()
+    bill(attempt, gpu_item(attempt), ("disk", "Storage charges", "0.075"))
+
+    row = reconciled(attempt)
+
+    assert row.components[1].billed_qty is None
+    assert row.components[1].billed == pytest.approx(0.075)
+    assert row.reason == "storage: $0.0750 billed vs $0.0220 recorded (item text unparsed)"
+
+
 @pytest.mark.django_db
 def test_usage_without_any_charge_is_unbilled_and_a_live_attempt_is_pending():
     team = TeamFactory()
@@ -194,11 +273,11 @@ def test_charges_are_matched_by_instance_id_and_time_only():
 
 
 @pytest.mark.django_db
-def test_a_jobs_cost_is_estimated_until_its_invoice_is_imported():
+def test_a_jobs_cost_is_recorded_until_its_invoice_is_imported():
     attempt = field_report_attempt(TeamFactory())
     job = attempt.job
     estimate = reconcile.job_cost(job, now=T0 + timedelta(days=2))
-    assert estimate.basis == "estimated"
+    assert estimate.basis == "recorded"
     assert estimate.amount == pytest.approx(0.40 * (0.44 - 0.1), abs=0.001)
 
     bill(attempt, ("gpu", "0.475 hours at $0.400/hour", "0.190"))

@@ -97,6 +97,20 @@ def test_register_from_an_agent_that_reports_no_phases_takes_its_first_call_for_
 
 
 @pytest.mark.django_db
+def test_register_and_heartbeat_keep_when_the_code_was_ready_and_the_setup_done(client):
+    attempt, token = make_attempt()
+
+    with time_machine.travel(at(100), tick=False):
+        call(client, token, "register", {"agent_version": "1", "phases": {"workdir_ready": 4.0}})
+    with time_machine.travel(at(130), tick=False):
+        call(client, token, "heartbeat", beat(1, phases={"setup_done": 2.5, "workdir_ready": 0}))
+    attempt.refresh_from_db()
+
+    assert attempt.workdir_ready_at == at(96)  # the first report stands
+    assert attempt.setup_done_at == at(127.5)
+
+
+@pytest.mark.django_db
 def test_heartbeat_phases_are_kept_from_their_first_report(client):
     attempt, token = make_attempt()
     first = {"restore_downloaded": 4, "restore_unpacked": 1, "command_started": 0.5}
@@ -169,12 +183,72 @@ def test_a_recovery_with_every_boundary_known_splits_into_the_seven_phases():
         "renting": 20.0,
         "provider_startup": 90.0,
         "agent_bootstrap": 10.0,
+        "code": None,  # a job without code or setup (an older agent reports neither)
+        "stage": None,
+        "setup": None,
         "checkpoint_download": 40.0,
         "unpack": 4.0,  # 3 s after the last byte, and 1 s until the command started
         "first_step": 26.0,
     }
     assert split["total_s"] == 220.0
     assert split["lost_work"] == {"steps": 80, "gpu_s": 40.0, "usd": pytest.approx(0.01)}
+
+
+def test_staged_model_files_are_the_model_download_phase_between_code_and_setup():
+    # Code 5 s after the dependencies, the staged model 60 s later, setup 25 s after that.
+    fields = {**KNOWN, "workdir_ready_at": at(155), "stage_done_at": at(215)}
+    fields.update(setup_done_at=at(240), restore_downloaded_at=at(280))
+    fields.update(restore_unpacked_at=at(283), command_started_at=at(284), first_step_at=at(310))
+    replacement = Attempt(pk=7, seconds_per_step=0.5, dph_base=0.9, **fields)
+
+    phases = anatomy.breakdown(recovered(replacement))["phases"]
+
+    assert (phases["code"], phases["stage"], phases["setup"]) == (5.0, 60.0, 25.0)
+    assert anatomy.PHASE_LABELS["stage"] == "Model download"
+
+
+def test_a_setup_that_ended_before_the_model_download_counts_first_and_the_download_the_rest():
+    # Setup ran beside the download (the agent's default): done 35 s after the code, the
+    # staged files 25 s after that.
+    fields = {**KNOWN, "workdir_ready_at": at(155), "stage_done_at": at(215)}
+    fields.update(setup_done_at=at(190), restore_downloaded_at=at(216))
+    fields.update(restore_unpacked_at=at(218), command_started_at=at(219), first_step_at=at(240))
+    replacement = Attempt(pk=7, seconds_per_step=0.5, dph_base=0.9, **fields)
+
+    split = anatomy.breakdown(recovered(replacement))
+
+    assert (split["phases"]["setup"], split["phases"]["stage"]) == (35.0, 25.0)
+    assert split["phases"]["checkpoint_download"] == 1.0
+    assert sum(v for v in split["phases"].values() if v) == split["total_s"]
+
+
+# A job with code and setup: fetched 5 s after the dependencies, set up in 25 s more.
+WITH_SETUP = {**KNOWN, "workdir_ready_at": at(155), "setup_done_at": at(180)}
+WITH_SETUP.update(restore_downloaded_at=at(220), restore_unpacked_at=at(223))
+WITH_SETUP.update(command_started_at=at(224), running_at=at(224), first_step_at=at(250))
+
+
+def test_code_and_setup_sit_between_the_agent_bootstrap_and_the_checkpoint_download():
+    replacement = Attempt(pk=7, **WITH_SETUP)
+
+    split = anatomy.breakdown(recovered(replacement))
+
+    assert list(split["phases"]) == [key for key, _ in anatomy.PHASES]
+    assert split["phases"]["agent_bootstrap"] == 10.0
+    assert split["phases"]["code"] == 5.0
+    assert split["phases"]["setup"] == 25.0
+    assert split["phases"]["checkpoint_download"] == 40.0  # from setup done, not deps ready
+    assert split["total_s"] == 250.0
+
+
+def test_a_setup_without_code_counts_from_the_dependencies():
+    replacement = Attempt(pk=7, **{**WITH_SETUP, "workdir_ready_at": None})
+
+    phases = anatomy.breakdown(recovered(replacement))["phases"]
+
+    assert phases["code"] is None
+    assert phases["setup"] == 30.0
+    assert sum(s for s in phases.values() if s is not None) == 250.0
 
 
 def test_an_unknown_boundary_leaves_its_time_to_the_next_phase():
@@ -253,11 +327,11 @@ def test_without_the_bootstrap_the_agent_reports_its_own_start_as_dependencies_r
 # --- The pages -------------------------------------------------------------------------------
 
 
-def replaced_job(team):
+def replaced_job(team, boundaries=KNOWN):
     job = JobFactory(team=team, state=JobState.RUNNING, name="zz-secret-job")
     lost, _ = make_attempt(job, number=1, state="ended", step=180)
     replacement, _ = make_attempt(
-        job, number=2, state="running", seconds_per_step=0.5, dph_base=0.9, **KNOWN
+        job, number=2, state="running", seconds_per_step=0.5, dph_base=0.9, **boundaries
     )
     Interruption.objects.create(
         job=job, attempt=lost, cause="provider_gone", last_heartbeat_at=T, detected_at=at(30),
@@ -284,6 +358,26 @@ def test_the_job_page_shows_each_interruption_as_a_stacked_bar_with_the_lost_wor
     assert "80 steps redone, 40 s of GPU time, $0.01" in html
 
 
+@pytest.mark.django_db
+def test_the_job_page_and_status_json_show_the_code_and_setup_phases(client):
+    cache.clear()
+    team = TeamFactory(slug="setup-lab", time_zone="UTC", public_status_page=True)
+    member = MembershipFactory(team=team, role=Role.MEMBER).user
+    job = replaced_job(team, boundaries=WITH_SETUP)
+    client.force_login(member)
+
+    html = client.get(reverse("job-detail", args=[job.id])).content.decode()
+    with time_machine.travel(at(3600), tick=False):
+        phases = client.get("/status/setup-lab.json").json()["recovery_phases_s"]
+    cache.clear()
+
+    assert "Code <strong>5 s</strong>" in html
+    assert "Setup <strong>25 s</strong>" in html
+    assert 'class="phase phase-setup" style="width:10.00%"' in html  # 25 of 250 s
+    assert phases["code"] == {"count": 1, "median": 5.0, "p90": 5.0}
+    assert phases["setup"] == {"count": 1, "median": 25.0, "p90": 25.0}
+
+
 @pytest.fixture
 def public_team(db):
     cache.clear()
@@ -301,7 +395,12 @@ def test_the_status_page_shows_the_phases_median_and_p90_without_job_details(cli
     assert 'id="phase-bar-p90"' in html
     assert '<tr data-phase="provider_startup"><td>Provider start-up</td><td>1 min 30 s</td>' in html
     assert "zz-secret-job" not in html
-    assert "$0.01" not in html  # no costs on the public page
+    # Money appears only as the window's totals (tests/test_status_money.py), never beside an
+    # incident or a phase.
+    incidents = html[html.index('id="incidents-h"') :]
+    phases = html[html.index('id="recovery-phases"') : html.index('id="daily-h"')]
+    assert "$" not in incidents
+    assert "$" not in phases
 
 
 def test_the_status_json_carries_the_phases_under_version_2(client, public_team):

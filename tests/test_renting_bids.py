@@ -66,7 +66,7 @@ def test_the_job_page_says_how_it_rented_with_what_rate_and_what_else_it_weighed
 
     label = attempt.decision["rental"]["rental"]["label"]
     assert f"Rented <strong>{label}</strong>" in html
-    assert "interruptions per hour expected (prior)" in html
+    assert "interruptions per hour expected (the prior: no history of this rental yet)" in html
     assert 'aria-label="Other ways to rent this offer"' in html
     others = attempt.decision["alternatives"]  # an interruptible job weighs the other margins
     assert others

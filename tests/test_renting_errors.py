@@ -137,3 +137,54 @@ def test_worker_processes_building_the_agent_at_once_all_succeed(tmp_path):
     assert [w.exitcode for w in workers] == [0] * processes
     assert sorted(p.name for p in out.parent.iterdir()) == ["agent-0123.pyz"]  # no leftovers
     assert build_zipapp(tmp_path / "ref.pyz").read_bytes() == out.read_bytes()
+
+
+def refusing(sandbox, client, *, every: bool):
+    """CLIENT's create, with Vast refusing the first offer tried (or EVERY one) just before it
+    is sent: the sandbox answers the 403 create_instance.yaml documents for one offer."""
+    real, tried = client.create_instance, []
+
+    def create(offer_id, **kwargs):
+        if every or not tried:
+            sandbox.refuse_ask(offer_id)
+        tried.append(offer_id)
+        return real(offer_id, **kwargs)
+
+    client.create_instance = create
+    return tried
+
+
+@pytest.mark.django_db
+def test_an_offer_vast_refuses_is_skipped_and_the_next_one_rented(sandbox):
+    job = JobFactory(requirements=FIELD_REPORT_REQUIREMENTS)
+    now = timezone.now()
+    attempt = lifecycle.plan_rent(job.pk, now=now)
+    with VastClient(DEFAULT_KEY, sandbox.url) as client:
+        tried = refusing(sandbox, client, every=False)
+        assert renting.rent(attempt.pk, now=now, client=client) == "rented"
+
+    attempt.refresh_from_db()
+    assert len(tried) == 2
+    assert attempt.offer_id == tried[1] != tried[0]
+    event = JobEvent.objects.get(job=job, kind="offer_refused")
+    assert event.data["offer_id"] == tried[0]
+    assert event.data["status"] == 403
+    assert f"Offer {tried[0]} is not your own" in event.message
+
+
+@pytest.mark.django_db
+def test_when_every_offer_is_refused_the_reason_names_each_offer_and_what_vast_said(sandbox):
+    job = JobFactory(requirements=FIELD_REPORT_REQUIREMENTS)
+    now = timezone.now()
+    attempt = lifecycle.plan_rent(job.pk, now=now)
+    with VastClient(DEFAULT_KEY, sandbox.url) as client:
+        tried = refusing(sandbox, client, every=True)
+        assert renting.rent(attempt.pk, now=now, client=client) == "no-offers"
+        assert client.list_instances() == []
+
+    attempt.refresh_from_db()
+    assert attempt.end_reason == "no_offers"  # not the account: the job tries again later
+    assert len(tried) == renting.MAX_CREATE_TRIES  # every chosen offer was tried, one by one
+    said = JobEvent.objects.get(job=job, kind="no_offers").message
+    assert all(f"Vast refused offer {offer_id} (403)" in said for offer_id in tried)
+    assert JobEvent.objects.filter(job=job, kind="offer_refused").count() == len(tried)

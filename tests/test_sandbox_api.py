@@ -372,6 +372,43 @@ def test_fake_nvidia_smi_reports_the_gpus_and_fails_on_gpu_fault(sandbox: Sandbo
     assert subprocess.run([tool, "-L"], capture_output=True).returncode == 0
 
 
+def test_fake_nvidia_smi_lists_each_gpu_and_one_can_fall_off_the_bus(sandbox: Sandbox):
+    ask = cheapest_ask(sandbox, num_gpus={"eq": 2}, gpu_name={"eq": "RTX 3090"})
+    gpu_ram = market_offers()[ask]["gpu_ram"]
+    iid = sandbox.create(ask, onstart=SLEEP_ONSTART)
+    tool = Path(sandbox.debug(iid)["scratch"]) / "bin" / "nvidia-smi"
+    query = [
+        tool,
+        "--query-gpu=index,pci.bus_id,name,ecc.errors.uncorrected.volatile.total",
+        "--format=csv,noheader,nounits",
+    ]
+
+    listed = subprocess.run(query, capture_output=True, text=True)
+    assert listed.stdout.splitlines() == [
+        "0, 00000000:01:00.0, NVIDIA GeForce RTX 3090, [N/A]",  # GeForce: no ECC
+        "1, 00000000:02:00.0, NVIDIA GeForce RTX 3090, [N/A]",
+    ]
+    assert gpu_ram > 0
+
+    sandbox.inject(iid, "gpu-fault", "lost:1")
+    lost = subprocess.run(query, capture_output=True, text=True)
+    assert lost.returncode == 15  # NVML_ERROR_GPU_IS_LOST
+    assert lost.stdout.splitlines() == [
+        "Unable to determine the device handle for GPU0000:02:00.0: GPU is lost.  "
+        "Reboot the system to recover this GPU"
+    ]  # the healthy GPU 0 is not listed either, as with the real tool
+    assert sandbox.debug(iid)["gpu_fault"] == "lost:1"
+
+    for bad in ("lost:2", "lost:x", "lost"):
+        reply = sandbox.anon().post(
+            f"/sandbox/inject/{iid}", json={"action": "gpu-fault", "arg": bad}
+        )
+        assert reply.status_code == 400, bad
+        assert "lost:N" in reply.text
+    sandbox.inject(iid, "gpu-fault", "clear")
+    assert subprocess.run(query, capture_output=True).returncode == 0
+
+
 def test_onstart_ending_marks_an_args_instance_exited(sandbox: Sandbox):
     # runtype args: the container runs the command itself, and ends with it.
     iid = sandbox.create(cheapest_ask(sandbox), onstart="echo bye\nexit 3\n", runtype="args")
@@ -420,14 +457,17 @@ def test_an_expired_contract_is_stopped_and_cannot_start_again(running):
     assert box.debug(iid)["billing_now"] == ["disk"]
 
 
-def test_a_container_the_host_cannot_create_stays_created_with_the_runtime_error(running):
+def test_a_container_the_host_cannot_create_is_given_up_while_it_still_shows_created(running):
     box, iid = running
 
     box.inject(iid, "oci-fail")
 
+    # As a recorded body shows it: the three states stopped, actual_status left at created.
     shown = box.client().get(f"/api/v0/instances/{iid}/").json()["instances"]
-    assert shown["actual_status"] == "created"
+    states = (shown["cur_state"], shown["intended_status"], shown["next_state"])
+    assert (shown["actual_status"], states) == ("created", ("stopped",) * 3)
     assert "OCI runtime create failed" in shown["status_msg"]
+    assert "unresolvable CDI devices" in shown["status_msg"]
     assert box.debug(iid)["billing_now"] == ["disk"]
     assert box.debug(iid)["processes"] == []
 
@@ -790,6 +830,65 @@ def test_injected_destroy_is_a_vanished_host_listed_offline_until_the_renter_des
     assert box.debug(iid)["billing_now"] == []
 
 
+def test_a_rebooted_host_shows_offline_then_comes_back_with_its_disk_and_runs_onstart_again(
+    running,
+):
+    box, iid = running
+    pgid = box.debug(iid)["pgid"]
+    scratch = Path(box.debug(iid)["scratch"])
+    (scratch / "on-disk").write_text("kept")
+    pulled = box.debug(iid)["usage"]["down_bytes"]
+
+    box.inject(iid, "reboot-host", 1.5)
+
+    wait_until(lambda: not group_states(pgid), timeout=5, what="the processes to die in the reboot")
+    shown = box.client().get(f"/api/v0/instances/{iid}/").json()["instances"]
+    assert shown["actual_status"] == "offline"
+    assert box.debug(iid)["billing_now"] == []  # offline: no GPU, no storage (Vast's billing)
+    box.wait_status(iid, "running", timeout=15)
+    debug = box.debug(iid)
+    kinds = [e["kind"] for e in debug["events"]]
+    assert kinds[-4:] == ["host rebooting, back in 1.5 s", "host back online", "loading", "running"]
+    assert debug["billing_now"] == ["disk", "gpu"]
+    wait_until(
+        lambda: (scratch / "runs").read_text().count("run") == 2,
+        timeout=10,
+        what="onstart to run again in the restarted container",
+    )
+    assert (scratch / "on-disk").read_text() == "kept"  # the disk survived the reboot
+    assert box.debug(iid)["usage"]["down_bytes"] == pulled  # the image was not pulled again
+
+
+def test_a_rebooted_host_that_never_returns_stays_offline_until_destroyed(running):
+    box, iid = running
+
+    box.inject(iid, "reboot-host", "never")
+
+    assert box.status(iid) == "offline"
+    assert box.debug(iid)["host_returns_at"] is None
+    assert box.client().delete(f"/api/v0/instances/{iid}/").json()["success"] is True
+    assert box.client().get(f"/api/v0/instances/{iid}/").json() == {"instances": None}
+    assert box.debug(iid)["billing_now"] == []
+
+
+def test_a_rebooted_hosts_return_time_is_drawn_from_the_seed(sandbox_factory):
+    # Under --fast (scale 0.01) a mean of 60 s is 0.6 s: the same seed, the same draw.
+    def drawn(box: Sandbox) -> str:
+        iid = box.create(cheapest_ask(box), onstart=SLEEP_ONSTART)
+        box.wait_status(iid, "running")
+        box.inject(iid, "reboot-host")
+        said = [e["kind"] for e in box.debug(iid)["events"] if e["kind"].startswith("host reb")]
+        box.close()
+        return said[-1]
+
+    flags = ("--seed", "11", "--host-return-p", "1", "--host-return-mean-s", "60")
+    first, again = drawn(sandbox_factory(*flags)), drawn(sandbox_factory(*flags))
+    assert first == again
+    assert first.startswith("host rebooting, back in ")
+    never = drawn(sandbox_factory("--seed", "11", "--host-return-p", "0"))
+    assert never == "host rebooting"  # no return time: this host never comes back
+
+
 def test_freeze_stops_the_processes_and_thaw_resumes_them(running):
     box, iid = running
     pgid = box.debug(iid)["pgid"]
@@ -866,6 +965,32 @@ def test_outbid_pauses_the_instance_until_its_bid_wins_again(running):
     box.inject(iid, "outbid", "end")
     box.wait_status(iid, "running")
     assert box.debug(iid)["runs"] == 2
+
+
+def test_an_outbid_while_the_image_loads_leaves_it_loading_under_three_stopped_states(
+    sandbox_factory,
+):
+    # Real time halved, no other tenants and a fixed min_bid: loading lasts seconds.
+    # A fixed 3 s of scheduling: the drawn minutes of Vast's would outlast the wait for loading.
+    timing = ("--time-scale", "0.5", "--scheduling-s", "3")
+    box = sandbox_factory(
+        *timing, "--outbid-rate-per-h", "0", "--min-bid-step-pct", "0", fast=False
+    )
+    offer = box.search({"min_bid": {"gt": 0.01}, "rentable": {"eq": True}, "limit": 1})[0]
+    iid = box.create(offer["id"], price=round(offer["min_bid"] + 0.01, 4), onstart=SLEEP_ONSTART)
+    box.wait_status(iid, "loading", timeout=15)
+
+    box.inject(iid, "outbid")
+
+    shown = box.client().get(f"/api/v0/instances/{iid}/").json()["instances"]
+    states = (shown["cur_state"], shown["intended_status"], shown["next_state"])
+    assert (shown["actual_status"], states) == ("loading", ("stopped",) * 3)
+    assert "outbid" in shown["status_msg"]
+    assert box.debug(iid)["billing_now"] == ["disk"]
+    assert "outbid while loading" in [e["kind"] for e in box.debug(iid)["events"]]
+    box.inject(iid, "outbid", "end")  # the higher bidder leaves: the image loads again
+    box.wait_status(iid, "running", timeout=30)
+    assert box.debug(iid)["runs"] == 1
 
 
 def test_reboot_restarts_the_container_and_reruns_onstart(running):
@@ -979,7 +1104,11 @@ def test_billing_matches_the_offers_rates(sandbox: Sandbox):
     hours = float(re.match(r"([\d.]+) hours at \$([\d.]+)/hour", items["gpu"]["description"])[1])
     assert hours == pytest.approx((destroyed - started) / 3600, abs=0.0005)
     assert f"at ${offer['dph_base']:.3f}/hour" in items["gpu"]["description"]
-    assert f"{disk:.1f} GB for" in items["disk"]["description"]
+    # Vast's billing page wording: the disk's hours at the whole disk's $/hour.
+    said = re.match(r"([\d.]+) hours at \$([\d.]+)/hour", items["disk"]["description"])
+    disk_h, disk_rate = said.groups()
+    assert float(disk_h) == pytest.approx((destroyed - created) / 3600, abs=1e-6)
+    assert float(disk_rate) == pytest.approx(offer["storage_cost"] * disk / 720, abs=1e-6)
 
 
 DAY = 86_400

@@ -15,6 +15,7 @@ import pytest
 
 from hosts import selection
 from hosts.selection import (
+    ON_DEMAND,
     CannotEstimate,
     JobProfile,
     Requirements,
@@ -61,7 +62,7 @@ RAW_OFFER = {  # a healthy single RTX 4090 in the market's field names and units
     "dlperf": 100.0,
     "geolocation": "Texas, US",
 }
-FIELD_REPORT_REQ = Requirements(gpu_names=("RTX 4090",), disk_gb=50)
+FIELD_REPORT_REQ = Requirements(rental=ON_DEMAND, gpu_names=("RTX 4090",), disk_gb=50)
 FIELD_REPORT_JOB = JobProfile(  # 15 GB downloaded in all, as the market README's check counts it
     image_gb=0, model_gb=15, upload_gb=1, steps_total=300, reference_seconds_per_step=4.0
 )
@@ -88,6 +89,7 @@ def load_market() -> tuple[list[Offer], dict[int, dict]]:
 
 def test_query_asks_vast_for_every_requirement_in_its_own_units():
     req = Requirements(
+        rental=ON_DEMAND,
         gpu_names=("RTX_4090", "RTX 3090"),
         num_gpus=2,
         min_gpu_ram_gb=20,
@@ -122,7 +124,7 @@ def test_query_for_one_model_uses_eq_and_leaves_optional_filters_out():
 
 
 def test_query_allowing_unverified_hosts_drops_the_verified_key_as_the_cli_does():
-    body = build_search_body(vast_query(Requirements(verified_only=False)))
+    body = build_search_body(vast_query(Requirements(rental=ON_DEMAND, verified_only=False)))
     assert "verified" not in body
     assert body["rentable"] == {"eq": True}  # the other defaults stay
     assert body["rentable"] == {"eq": True}  # the other defaults still apply
@@ -147,22 +149,30 @@ def test_query_keeps_the_same_offers_as_the_local_filter_on_the_sandbox_engine()
 @pytest.mark.parametrize(
     ("changes", "req", "rule"),
     [
-        ({}, Requirements(avoid_machine_ids={30941}), "avoid_list"),
+        ({}, Requirements(rental=ON_DEMAND, avoid_machine_ids={30941}), "avoid_list"),
         ({"gpu_name": "RTX 3090"}, FIELD_REPORT_REQ, "gpu_name"),
-        ({"num_gpus": 2}, Requirements(), "num_gpus"),
-        ({}, Requirements(min_gpu_ram_gb=24), "gpu_ram"),  # 24564 MiB is 23.99 GiB
-        ({"verification": "unverified"}, Requirements(), "verified"),
-        ({}, Requirements(datacenter_only=True), "datacenter"),
-        ({"reliability": 0.979}, Requirements(), "reliability"),
-        ({"inet_down": 499.9}, Requirements(), "inet_down"),
-        ({"disk_space": 49.0}, Requirements(disk_gb=50), "disk_space"),
-        ({"cuda_max_good": 12.2}, Requirements(min_cuda=12.4), "cuda"),
+        ({"num_gpus": 2}, Requirements(rental=ON_DEMAND), "num_gpus"),
+        (
+            {},
+            Requirements(rental=ON_DEMAND, min_gpu_ram_gb=24),
+            "gpu_ram",
+        ),  # 24564 MiB is 23.99 GiB
+        ({"verification": "unverified"}, Requirements(rental=ON_DEMAND), "verified"),
+        ({}, Requirements(rental=ON_DEMAND, datacenter_only=True), "datacenter"),
+        ({"reliability": 0.979}, Requirements(rental=ON_DEMAND), "reliability"),
+        ({"inet_down": 499.9}, Requirements(rental=ON_DEMAND), "inet_down"),
+        ({"disk_space": 49.0}, Requirements(rental=ON_DEMAND, disk_gb=50), "disk_space"),
+        ({"cuda_max_good": 12.2}, Requirements(rental=ON_DEMAND, min_cuda=12.4), "cuda"),
         (
             {"inet_down_cost": None, "internet_down_cost_per_tb": None},
-            Requirements(),
+            Requirements(rental=ON_DEMAND),
             "unknown_price",
         ),
-        ({}, Requirements(max_dph=0.36), "max_dph"),  # 0.36 GPU + 0.01 disk > 0.36
+        (
+            {},
+            Requirements(rental=ON_DEMAND, max_dph=0.36),
+            "max_dph",
+        ),  # 0.36 GPU + 0.01 disk > 0.36
     ],
 )
 def test_each_rule_rejects_an_offer_that_fails_it(changes, req, rule):
@@ -176,9 +186,13 @@ def test_each_rule_rejects_an_offer_that_fails_it(changes, req, rule):
     "req",
     [
         FIELD_REPORT_REQ,
-        Requirements(min_gpu_ram_gb=23.9, min_cuda=12.4, min_reliability=0.99, disk_gb=1386),
-        Requirements(verified_only=False, max_dph=0.371, avoid_machine_ids={1, 2}),
-        Requirements(gpu_names=("RTX 3090", "RTX_4090"), min_inet_down_mbps=1000),
+        Requirements(
+            rental=ON_DEMAND, min_gpu_ram_gb=23.9, min_cuda=12.4, min_reliability=0.99, disk_gb=1386
+        ),
+        Requirements(
+            rental=ON_DEMAND, verified_only=False, max_dph=0.371, avoid_machine_ids={1, 2}
+        ),
+        Requirements(rental=ON_DEMAND, gpu_names=("RTX 3090", "RTX_4090"), min_inet_down_mbps=1000),
     ],
 )
 def test_an_offer_that_meets_every_requirement_passes(req):
@@ -187,14 +201,16 @@ def test_an_offer_that_meets_every_requirement_passes(req):
 
 def test_unverified_and_community_hosts_pass_when_not_excluded():
     offer = make_offer(verification="unverified")
-    assert first_failed_rule(offer, Requirements(verified_only=False)) is None
-    datacenter = Requirements(datacenter_only=True)
+    assert first_failed_rule(offer, Requirements(rental=ON_DEMAND, verified_only=False)) is None
+    datacenter = Requirements(rental=ON_DEMAND, datacenter_only=True)
     assert first_failed_rule(make_offer(hosting_type=1), datacenter) is None
 
 
 def test_the_avoid_list_keeps_out_every_listed_machine_and_only_those():
     offers = [make_offer(id=i, machine_id=100 + i) for i in range(1, 5)]
-    kept, rejected = filter_offers(offers, Requirements(avoid_machine_ids={101, 103}))
+    kept, rejected = filter_offers(
+        offers, Requirements(rental=ON_DEMAND, avoid_machine_ids={101, 103})
+    )
     assert [o.id for o in kept] == [2, 4]
     assert [(r.offer_id, r.rule) for r in rejected] == [(1, "avoid_list"), (3, "avoid_list")]
 
@@ -207,8 +223,13 @@ def test_an_offer_is_reported_under_the_first_rule_it_fails():
 def test_max_dph_counts_this_jobs_storage_not_the_offers_search_default():
     offer = make_offer()  # 0.36 $/h + 0.144 / 720 $/GB/h
     assert job_dph_total(offer, 50) == pytest.approx(0.36 + 0.01)
-    assert first_failed_rule(offer, Requirements(disk_gb=50, max_dph=0.3705)) is None
-    assert first_failed_rule(offer, Requirements(disk_gb=500, max_dph=0.3705)).rule == "max_dph"
+    assert (
+        first_failed_rule(offer, Requirements(rental=ON_DEMAND, disk_gb=50, max_dph=0.3705)) is None
+    )
+    assert (
+        first_failed_rule(offer, Requirements(rental=ON_DEMAND, disk_gb=500, max_dph=0.3705)).rule
+        == "max_dph"
+    )
 
 
 # --- missing fields ----------------------------------------------------------------------------
@@ -217,16 +238,16 @@ def test_max_dph_counts_this_jobs_storage_not_the_offers_search_default():
 @pytest.mark.parametrize(
     ("missing", "req", "rule"),
     [
-        ("reliability", Requirements(), "reliability"),
-        ("inet_down", Requirements(min_inet_down_mbps=0), "inet_down"),
-        ("disk_space", Requirements(), "disk_space"),
-        ("gpu_ram", Requirements(min_gpu_ram_gb=16), "gpu_ram"),
-        ("cuda_max_good", Requirements(min_cuda=12.0), "cuda"),
-        ("dph_base", Requirements(), "unknown_price"),
-        ("storage_cost", Requirements(), "unknown_price"),
-        ("inet_up_cost", Requirements(), "unknown_price"),
+        ("reliability", Requirements(rental=ON_DEMAND), "reliability"),
+        ("inet_down", Requirements(rental=ON_DEMAND, min_inet_down_mbps=0), "inet_down"),
+        ("disk_space", Requirements(rental=ON_DEMAND), "disk_space"),
+        ("gpu_ram", Requirements(rental=ON_DEMAND, min_gpu_ram_gb=16), "gpu_ram"),
+        ("cuda_max_good", Requirements(rental=ON_DEMAND, min_cuda=12.0), "cuda"),
+        ("dph_base", Requirements(rental=ON_DEMAND), "unknown_price"),
+        ("storage_cost", Requirements(rental=ON_DEMAND), "unknown_price"),
+        ("inet_up_cost", Requirements(rental=ON_DEMAND), "unknown_price"),
         ("gpu_name", FIELD_REPORT_REQ, "gpu_name"),
-        ("num_gpus", Requirements(), "num_gpus"),
+        ("num_gpus", Requirements(rental=ON_DEMAND), "num_gpus"),
     ],
 )
 def test_an_offer_missing_a_needed_field_is_rejected_not_guessed(missing, req, rule):
@@ -237,11 +258,15 @@ def test_an_offer_missing_a_needed_field_is_rejected_not_guessed(missing, req, r
 
 def test_fields_no_rule_needs_may_be_missing():
     offer = make_offer(gpu_ram=None, cuda_max_good=None, machine_id=None, geolocation=None)
-    assert first_failed_rule(offer, Requirements(avoid_machine_ids={30941})) is None
+    assert (
+        first_failed_rule(offer, Requirements(rental=ON_DEMAND, avoid_machine_ids={30941})) is None
+    )
 
 
 def test_a_zero_bandwidth_link_is_rejected_even_without_a_minimum():
-    assert first_failed_rule(make_offer(inet_down=0), Requirements(min_inet_down_mbps=0))
+    assert first_failed_rule(
+        make_offer(inet_down=0), Requirements(rental=ON_DEMAND, min_inet_down_mbps=0)
+    )
 
 
 def test_an_offer_without_dlperf_is_timed_from_its_models_typical_dlperf():
@@ -252,12 +277,16 @@ def test_an_offer_without_dlperf_is_timed_from_its_models_typical_dlperf():
 
 
 def test_an_offer_whose_contract_ends_before_the_job_could_is_refused():
-    needed_h = estimate_cost(make_offer(), FIELD_REPORT_JOB, SpeedBook(), Requirements()).wall_h
+    needed_h = estimate_cost(
+        make_offer(), FIELD_REPORT_JOB, SpeedBook(), Requirements(rental=ON_DEMAND)
+    ).wall_h
     short = make_offer(id=2, machine_id=2, duration=needed_h * 3600)  # ends as the job would
     enough = make_offer(id=3, machine_id=3, duration=(needed_h * 1.5 + 1.1) * 3600)
     unknown = make_offer(id=4, machine_id=4, duration=None)
 
-    decision = choose_offer([short, enough, unknown], Requirements(), FIELD_REPORT_JOB, top_n=3)
+    decision = choose_offer(
+        [short, enough, unknown], Requirements(rental=ON_DEMAND), FIELD_REPORT_JOB, top_n=3
+    )
 
     assert decision.rejected_by_rule == {"contract_duration": 1}
     assert {c.offer.id for c in decision.candidates} == {3, 4}
@@ -268,16 +297,16 @@ def test_an_offer_whose_contract_ends_before_the_job_could_is_refused():
 def rank_rejections(offers, profile):
     from hosts.selection import _rank_with_rejections
 
-    return _rank_with_rejections(offers, Requirements(), profile, None)[1]
+    return _rank_with_rejections(offers, Requirements(rental=ON_DEMAND), profile, None)[1]
 
 
 def test_an_offer_with_no_way_to_estimate_its_speed_is_rejected_as_unknown_speed():
     odd = make_offer(id=2, machine_id=2, gpu_name="RTX 9999", dlperf=None)
-    decision = choose_offer([make_offer(), odd], Requirements(), FIELD_REPORT_JOB)
+    decision = choose_offer([make_offer(), odd], Requirements(rental=ON_DEMAND), FIELD_REPORT_JOB)
     assert decision.chosen_offer_id == 16018470
     assert decision.rejected_by_rule == {"unknown_speed": 1}
     with pytest.raises(CannotEstimate):
-        estimate_cost(odd, FIELD_REPORT_JOB, SpeedBook(), Requirements())
+        estimate_cost(odd, FIELD_REPORT_JOB, SpeedBook(), Requirements(rental=ON_DEMAND))
 
 
 def test_estimating_an_unpriced_offer_directly_raises_instead_of_pricing_it_at_zero():
@@ -336,7 +365,7 @@ def test_a_slow_machine_already_observed_loses_to_a_normal_one_at_equal_price():
 
 def test_the_image_pull_costs_storage_and_traffic_but_no_gpu_time():
     job = JobProfile(image_gb=5, model_gb=10, upload_gb=2, steps_total=100, container_start_s=90)
-    cost = estimate_cost(make_offer(), job, REFERENCE, Requirements(disk_gb=40))
+    cost = estimate_cost(make_offer(), job, REFERENCE, Requirements(rental=ON_DEMAND, disk_gb=40))
     image_h, model_h = 5 * GIB * 8 / 1e9 / 3600, 10 * GIB * 8 / 1e9 / 3600  # at 1000 Mbit/s
     train_h, start_h = 100 * 4.0 / 3600, 90 / 3600
     assert cost.image_pull_h == pytest.approx(image_h)
@@ -421,8 +450,13 @@ def test_the_decision_records_the_choice_runners_up_and_rejections_as_json():
 
 
 def test_no_decision_when_no_offer_qualifies():
-    assert choose_offer([make_offer(reliability=0.5)], Requirements(), FIELD_REPORT_JOB) is None
-    assert choose_offer([], Requirements(), FIELD_REPORT_JOB) is None
+    assert (
+        choose_offer(
+            [make_offer(reliability=0.5)], Requirements(rental=ON_DEMAND), FIELD_REPORT_JOB
+        )
+        is None
+    )
+    assert choose_offer([], Requirements(rental=ON_DEMAND), FIELD_REPORT_JOB) is None
 
 
 # --- the field report on the shipped market ------------------------------------------------------

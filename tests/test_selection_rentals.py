@@ -21,10 +21,11 @@ from hosts.selection import (
     choose_offer,
     expected_cost,
 )
+from jobs.market_terms import RentDecision
 from tests.test_selection import FIELD_REPORT_JOB, REFERENCE, make_offer
 
 FIELD_REPORT = replace(FIELD_REPORT_JOB, checkpoint_every_steps=50)  # 300 steps, 15 GB model
-REQ = Requirements(gpu_names=("RTX 4090",), disk_gb=50)
+REQ = Requirements(rental=ON_DEMAND, gpu_names=("RTX 4090",), disk_gb=50)
 PRIOR = PreemptionRates()
 
 
@@ -202,8 +203,7 @@ def test_the_move_is_the_decisions_best_candidate_on_another_machine():
     assert decision["chosen"]["offer"]["machine_id"] == 1
     second = decision["candidates"][1]["rental"]
 
-    choice = selection.outbid_choice_from_decision(
-        decision,
+    choice = RentDecision(decision).outbid_choice(
         machine_id=1,
         steps_left=150,
         seconds_per_step=None,

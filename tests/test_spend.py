@@ -53,6 +53,24 @@ def test_an_ended_attempt_stops_costing_at_its_end():
     assert later.gpu == pytest.approx(0.40)
 
 
+def test_the_hours_its_host_was_offline_while_the_job_waited_cost_nothing():
+    # Vast bills neither GPU nor storage for an offline host's period: 10 min came back
+    # from earlier, and the spell open for the last 5 min.
+    attempt, _ = make_attempt(
+        state="running",
+        rented_at=T0,
+        registered_at=T0,
+        offline_s=600.0,
+        offline_since=T0 + timedelta(minutes=55),
+        **RATES,
+    )
+
+    spend = attempt_spend(attempt, now=T0 + timedelta(hours=1))
+
+    assert spend.gpu == pytest.approx(0.40 * 45 / 60)
+    assert spend.storage == pytest.approx(0.15 / 720 * 50 * 45 / 60)
+
+
 def test_never_rented_costs_nothing():
     attempt, _ = make_attempt(state="planned", **RATES)
 

@@ -172,7 +172,11 @@ def test_the_json_is_versioned_and_complete(client, public, frozen):
     assert newest["back_on_machine_at"] == "2026-11-28T13:01:00+01:00"
     assert (newest["outcome"], newest["resumed_step"]) == ("resumed", 100)
     assert body["incidents"][-1]["outcome"] == "cancelled"
-    assert set(body["health"]) == {"watchdog", "worker_and_beat", "provider"}
+    assert set(body["health"]) == {
+        "watchdog", "worker_and_beat", "provider", "agent_api_outages", "jobs_needing_attention",
+    }  # fmt: skip
+    assert body["health"]["agent_api_outages"] == []
+    assert body["health"]["jobs_needing_attention"] == 0
 
 
 def test_the_atom_feed_lists_the_interruptions(client, public, frozen):
@@ -199,20 +203,23 @@ def test_the_atom_feed_lists_the_interruptions(client, public, frozen):
     assert "cancelled before it recovered" in entries[2].findtext(f"{ATOM}summary")
 
 
-def test_the_badge_shows_the_p90_until_back_on_a_machine(client, public, frozen):
+def test_the_badge_shows_the_p90_until_running_again(client, public, frozen):
     response = client.get("/status/open-lab/badge.svg")
 
+    # The time a user waits (detected -> training again: 360 s and 780 s), not the 1 and 8
+    # minutes until a replacement was rented.
     assert response.status_code == 200
     assert response["Content-Type"] == "image/svg+xml"
-    assert svg_texts(response.content) == ["recovery p90", "8 min"]
-    assert parse_xml(response.content).get("aria-label") == "recovery p90: 8 min"
+    assert svg_texts(response.content) == ["running again p90", "13 min"]
+    assert parse_xml(response.content).get("aria-label") == "running again p90: 13 min"
 
 
 def test_a_team_with_nothing_yet_says_so(client, db, frozen):
     TeamFactory(slug="quiet", public_status_page=True)
 
     assert "No interruptions in the last 30 days." in client.get("/status/quiet/").content.decode()
-    assert svg_texts(client.get("/status/quiet/badge.svg").content) == ["recovery p90", "no data"]
+    badge = svg_texts(client.get("/status/quiet/badge.svg").content)
+    assert badge == ["running again p90", "no data"]
     assert client.get("/status/quiet.json").json()["back_on_machine_s"]["median"] is None
 
 

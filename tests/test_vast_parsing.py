@@ -21,6 +21,7 @@ from hosts.vast import (
     InstanceGone,
     InsufficientCredit,
     OfferGone,
+    OfferRefused,
     ProviderError,
     ProviderUnreachable,
     RateLimited,
@@ -252,6 +253,8 @@ def test_it_reads_a_charge_contract_with_its_items():
     ("description", "quantity", "unit", "rate", "rate_unit"),
     [
         ("0.250 hours at $0.389/hour", "0.250", "hours", "0.389", "hour"),
+        # Vast's billing page, a storage item: the whole disk's hours at its $/hour.
+        ("0.9765233 hours at $0.018/hour", "0.9765233", "hours", "0.018", "hour"),
         ("12.5 GB at $0.0020/GB", "12.5", "GB", "0.0020", "GB"),
         ("3.210 GB downloaded at $0.000488/GB", "3.210", "GB", "0.000488", "GB"),
         ("1,200.000 GB-hours at $ 0.0016 per GB-hour", "1200.000", "GB-hours", "0.0016", "GB-hour"),
@@ -323,6 +326,14 @@ def test_it_turns_a_top_up_positive_and_keeps_transfer_signs():
 
 # --- errors ---------------------------------------------------------------------------------
 
+# vast-ai/docs create_instance.yaml, the 403 example: a refusal of that one offer.
+NOT_YOUR_OWN = {
+    "success": False,
+    "error": "invalid_args",
+    "msg": "error 403/3586: Offer 1234567 is not your own. Hosts can only rent their own machines.",
+    "ask_id": 1234567,
+}
+
 
 @pytest.mark.parametrize(
     ("status", "body", "kind", "code", "message"),
@@ -375,6 +386,8 @@ def test_it_turns_a_top_up_positive_and_keeps_transfer_signs():
         (429, '{"detail": "Too many requests"}', RateLimited, None, "Too many"),
         (400, '{"error": "invalid_args", "msg": "bad disk"}', ProviderError, "invalid_args", "bad"),
         (500, "<html>Internal Server Error</html>", ProviderError, None, "Internal"),
+        # A 403 that names no key refuses what was asked, not the account (create_instance.yaml).
+        (403, json.dumps(NOT_YOUR_OWN), ProviderError, "invalid_args", "is not your own"),
     ],
 )
 def test_it_types_error_bodies_in_their_various_shapes(status, body, kind, code, message):
@@ -427,6 +440,17 @@ def test_it_sends_a_bid_price_only_for_interruptible_rentals():
     assert bid["disk"] == 20
     assert "price" not in on_demand
     assert on_demand["env"] == {}
+
+
+def test_a_registry_login_goes_in_the_create_body_only_when_there_is_one():
+    common = {"image": "ghcr.io/a/b:1", "disk_gb": 20, "label": "l", "onstart": "", "env": None}
+    common |= {"runtype": "ssh", "bid_usd_per_hour": None}
+
+    private = vast.build_create_body(**common, image_login="-u bot -p t0ken ghcr.io")
+    public = vast.build_create_body(**common)
+
+    assert private["image_login"] == "-u bot -p t0ken ghcr.io"  # ref §3
+    assert "image_login" not in public
 
 
 def test_it_refuses_a_bid_outside_vasts_range():
@@ -646,6 +670,27 @@ def test_it_treats_destroying_a_gone_instance_as_done():
     assert client.destroy_instance(1) is False
 
 
+def test_it_reads_the_hand_written_docs_not_found_on_destroy_as_gone_once_show_agrees():
+    not_found = {"success": False, "error": "not_found", "msg": "Instance not found"}
+    edge = Edge(ok(not_found, status=404), ok({"instances": None}))
+
+    assert edge.client().destroy_instance(1) is False
+    assert [(r.method, r.url.path) for r in edge.requests] == [
+        ("DELETE", "/api/v0/instances/1/"),
+        ("GET", "/api/v0/instances/1/"),
+    ]
+
+
+def test_it_does_not_take_not_found_for_gone_while_the_instance_still_shows():
+    not_found = {"success": False, "error": "not_found", "msg": "no endpoint"}
+    edge = Edge(ok(not_found, status=404), ok({"instances": INSTANCE}))
+
+    with pytest.raises(ProviderError) as raised:
+        edge.client().destroy_instance(4242)
+
+    assert raised.value.code == "not_found"
+
+
 def test_it_reports_instance_states_from_one_full_listing():
     page = {"success": True, "instances": [INSTANCE], "next_token": None}
     edge = Edge(ok(page))
@@ -764,6 +809,11 @@ def test_it_resends_a_create_that_never_connected_or_was_rate_limited():
         (400, {"error": "invalid_args", "msg": "billing issue: add credit"}, InsufficientCredit),
         (400, {"error": "missing_billing", "msg": "no card"}, InsufficientCredit),
         (400, {"error": "invalid_args", "msg": "disk must be at least 8 GB"}, ProviderError),
+        (403, NOT_YOUR_OWN, OfferRefused),
+        (400, {"error": "invalid_price", "msg": "quote is stale: search again"}, OfferRefused),
+        (403, {"msg": "This action requires login."}, AuthFailed),
+        (403, {"error": "invalid_args", "msg": "API key lacks instance_write"}, AuthFailed),
+        (401, {"error": "auth_error", "msg": "Invalid user key"}, AuthFailed),
     ],
 )
 def test_create_errors_are_read_in_both_of_vasts_spellings(status, body, kind):
@@ -792,6 +842,18 @@ def test_it_reports_a_bare_404_on_the_ask_as_gone_but_not_a_wrong_path():
     with pytest.raises(ProviderError) as raised:
         create(wrong_path.client())
     assert raised.value.code == "not_found"
+
+
+def test_a_refusal_of_one_offer_names_the_offer_vast_named_and_keeps_its_words():
+    edge = Edge(ok(NOT_YOUR_OWN, status=403))
+
+    with pytest.raises(OfferRefused) as raised:
+        create(edge.client())
+
+    assert raised.value.offer_id == 1234567  # Vast's ask_id, not the one asked for
+    assert raised.value.status == 403
+    assert raised.value.message.startswith("error 403/3586: Offer 1234567 is not your own")
+    assert not isinstance(raised.value, AuthFailed)
 
 
 def test_it_reports_a_refused_create_answered_with_200():

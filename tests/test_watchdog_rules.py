@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from hosts.vast import Instance
+from hosts.vast import Instance, container_runtime_failed, parse_instance
 from jobs.models import Attempt, Job
 from jobs.watchdog import cause_of_due, provider_loss
 
@@ -132,6 +132,82 @@ def test_a_start_timeout_says_what_the_provider_said_first_when_the_container_ne
 
     assert loss.cause == "never_registered"
     assert loss.detail.startswith(
-        "no agent within 900 s: the host could not start the container (OCI runtime create failed)"
+        "no agent within 900 s: the host could not start the container (its container runtime "
+        "failed)"
     )
     assert "the provider shows it created: Error response from daemon" in loss.detail
+
+
+# Recorded instance bodies (public third-party test fixtures of Vast clients), trimmed to the
+# fields the rules read: Vast gave each contract up before its container ran.
+CDI_FAILURE = (
+    "Error response from daemon: failed to create task for container: failed to create shim "
+    "task: OCI runtime create failed: could not apply required modification to OCI "
+    "specification: error modifying OCI spec: failed to inject CDI devices: unresolvable CDI "
+    "devices"
+)
+GIVEN_UP = {"cur_state": "stopped", "intended_status": "stopped", "next_state": "stopped"}
+HOST_CANNOT_START = {"id": 48738927, "actual_status": "created", "status_msg": CDI_FAILURE}
+OUTBID_WHILE_LOADING = {"id": 77, "actual_status": "loading", "is_bid": True}
+
+
+def recorded(body: dict, **fields) -> Instance:
+    return parse_instance({"machine_id": 145651, **GIVEN_UP, **body, **fields})
+
+
+@pytest.mark.parametrize("is_bid", [False, True])
+def test_a_host_that_cannot_start_the_container_is_a_start_failure_at_once(is_bid):
+    starting = attempt(state="starting", registered_at=None, last_heartbeat_at=None)
+
+    loss = provider_loss(starting, recorded(HOST_CANNOT_START, is_bid=is_bid))
+
+    assert loss.cause == "start_failed"  # never "outbid": no bid makes this host start it
+    assert "unresolvable CDI devices" in loss.detail
+
+
+def test_a_bid_given_up_while_its_image_loaded_is_outbid():
+    loss = provider_loss(attempt(state="starting"), recorded(OUTBID_WHILE_LOADING))
+
+    assert loss.cause == "outbid"
+
+
+def test_an_on_demand_contract_given_up_before_running_is_lost_without_waiting_for_the_timeout():
+    given_up = recorded(OUTBID_WHILE_LOADING, is_bid=False, status_msg=None)
+
+    loss = provider_loss(attempt(state="starting"), given_up)
+
+    assert loss.cause == "provider_stopped"
+    assert loss.detail == "Vast stopped the contract before the container ran (loading)"
+
+
+def test_a_loading_instance_vast_still_means_to_run_is_healthy():
+    # cur_state alone reads "stopped" while a healthy image loads (a Vast client's recorded
+    # pull in progress); only all three stopped is Vast giving up.
+    pulling = parse_instance(
+        {
+            "id": 1,
+            "actual_status": "loading",
+            "cur_state": "stopped",
+            "intended_status": "running",
+            "next_state": "running",
+            "status_msg": "0d30c18b26f8: Retrying in 5 seconds",
+        }
+    )
+
+    assert provider_loss(attempt(state="starting"), pulling) is None
+
+
+@pytest.mark.parametrize(
+    ("status_msg", "failed"),
+    [
+        (CDI_FAILURE, True),
+        ("Error: container failed to start: OCI runtime create failed", True),
+        ("nvidia-container-cli: initialization error: driver rpc error: timed out", True),
+        ("Error response from daemon: manifest for img:cuda-99 not found", False),  # the image's
+        ("error pulling image configuration: download failed after attempts=6", False),
+        ("", False),
+        (None, False),
+    ],
+)
+def test_a_runtime_failure_is_told_from_the_images_own_trouble(status_msg, failed):
+    assert container_runtime_failed(status_msg) is failed

@@ -43,7 +43,7 @@ rents again ``RENT_S`` later, deciding again with the machine on its own avoid l
 job avoids it: ``jobs.lifecycle.handle_loss``), its observed speeds in its ``SpeedBook`` and the
 team's observed history in ``PreemptionRates``, as ``jobs/renting.py`` does. ``auto`` answers
 each outbid with the product's own code, as ``jobs.watchdog.outbid_choice_for`` calls it:
-``hosts.selection.outbid_choice_from_decision`` on the attempt's ``Decision.as_dict()``, with
+``jobs.market_terms.RentDecision.outbid_choice`` on the attempt's ``Decision.as_dict()``, with
 the steps left from the newest checkpoint, the attempt's observed s/step (None before the
 agent reported one), its margin, the machine's min_bid now, the job's ``max_bid_dph`` and the
 team's rates (this attempt's hours and raises so far included, as
@@ -80,10 +80,10 @@ from hosts.selection import (
     SpeedBook,
     choose_offer,
     margin_bucket,
-    outbid_choice_from_decision,
     transfer_hours,
 )
 from hosts.vast import Offer
+from jobs.market_terms import RentDecision
 
 SECONDS_PER_HOUR = 3600.0
 # The truth (module docstring). Different from the prior on purpose: 0.5/h and 0.25.
@@ -366,8 +366,7 @@ def run_attempt(
         # jobs.watchdog.outbid_choice_for: the attempt's stored decision, the steps left from
         # the newest checkpoint, its observed s/step, its margin, the machine's min_bid now,
         # the job's max bid and the team's rates (this attempt's hours and raises so far too).
-        choice = outbid_choice_from_decision(
-            decision.as_dict(),
+        choice = RentDecision(decision.as_dict()).outbid_choice(
             machine_id=offer.machine_id,
             steps_left=max(total - saved, 0),
             seconds_per_step=out.observed_sps,

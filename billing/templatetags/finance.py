@@ -1,28 +1,27 @@
-"""Formatting for the finance pages: dollars, signed differences, percentages, statuses."""
+"""Formatting for the finance pages: dollars (the one money rule), signed differences,
+percentages, statuses."""
 
 from __future__ import annotations
 
 from django import template
 
 from billing.reconcile import Status
+from nomadgpu.humanize import money
 
 register = template.Library()
 
 
 @register.filter
 def usd(value) -> str:
-    """$1.23, -$0.05; four decimals under a dollar (sandbox and short runs bill cents)."""
-    if value is None:
-        return "-"
-    amount = float(value)
-    digits = 2 if abs(amount) >= 1 else 4
-    amount = round(amount, digits) or 0.0  # no "-$0.0000"
-    return f"{'-' if amount < 0 else ''}${abs(amount):,.{digits}f}"
+    """Dollars by the one money rule (``nomadgpu.humanize.money``): "$1.23", "$0.0177"; "-"
+    for none."""
+    return "-" if value is None else money(value)
 
 
 @register.filter
 def signed_usd(value) -> str:
-    text = usd(float(value or 0))
+    """A difference with its sign: "+$0.0120", "-$0.0500", "$0.00"."""
+    text = usd(value or 0)
     return text if text.startswith("-") or not text.strip("$0.,") else "+" + text
 
 

@@ -2,7 +2,8 @@
 report's job (see README.md beside this file).
 
 The model is loaded in 4-bit (bitsandbytes NF4, double quantisation, bf16 compute), LoRA
-adapters (peft) are trained on every linear projection by the Hugging Face ``Trainer``, and
+adapters (peft) are trained on every linear projection by the Hugging Face ``Trainer`` (or, with
+``--trainer sft``, by TRL's ``SFTTrainer``, the usual QLoRA entry point), and
 ``agent.hf.NomadCallback`` follows the checkpoint protocol: progress and loss go to the agent,
 every ``checkpoint-<step>`` the Trainer writes under ``$NOMAD_CHECKPOINT_DIR`` is marked ready
 and uploaded, and a ``checkpoint_now`` from the supervisor makes the Trainer save at the end of
@@ -21,23 +22,29 @@ Every setting is a flag or an environment variable (the flag wins)::
     --max-length   QLORA_MAX_LENGTH   512   (tokens per sequence, longer ones are cut)
     --lora-r       QLORA_LORA_R       16
     --seed         QLORA_SEED         42
+    --trainer      QLORA_TRAINER      hf    (hf: transformers' Trainer; sft: TRL's SFTTrainer)
+    --step-seconds QLORA_STEP_SECONDS 0     (a pause after each step: the tiny model trains
+                                             300 steps in seconds, too fast for a drill)
     --tiny         QLORA_TINY=1       a tiny random Qwen2 and a synthetic data set on the CPU
 
-``--tiny`` needs torch, transformers and peft only: no GPU, no bitsandbytes, no datasets and no
-download. It exercises the same Trainer, LoRA, checkpoint and resume code in seconds; the
-project's tests run it under the real agent.
+``--tiny`` needs torch, transformers and peft only (``--trainer sft`` adds trl and datasets): no
+GPU, no bitsandbytes and no download. It exercises the same trainer, LoRA, checkpoint and
+resume code in seconds; the project's tests run it under the real agent.
 
-Output: ``resuming from <dir> at step <n>`` when resuming, the Trainer's log lines, and last
-``finished at step <n>``.
+Output: ``resuming from <dir> at step <n>`` when resuming, the trainer's log lines, and last
+``finished at step <n>, adapter sha256 <hex>``: the digest of the trained LoRA weights, equal
+for a run that was interrupted and resumed and one that was not.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,14 +54,22 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 IGNORE = -100  # label of a token that does not count towards the loss
 TINY_ROWS = 512
 TINY_PROMPT = "### Instruction:\n{instruction}\n\n### Response:\n"
+# Qwen2.5's turn format, for the tiny tokenizer: SFTTrainer renders conversations through it.
+TINY_CHAT_TEMPLATE = (
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def env(name: str, default: Any) -> Any:
+    """The environment variable NAME, or DEFAULT when it is unset or empty."""
     value = os.environ.get(name)
     return value if value not in (None, "") else default
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The settings: flags first, then QLORA_* variables, then the defaults above."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=env("QLORA_MODEL", "Qwen/Qwen2.5-7B-Instruct"))
     p.add_argument("--dataset", default=env("QLORA_DATASET", "yahma/alpaca-cleaned"))
@@ -84,6 +99,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="a checkpoint folder to resume from (default $NOMAD_RESUME_FROM)",
     )
     p.add_argument(
+        "--trainer",
+        choices=["hf", "sft"],
+        default=env("QLORA_TRAINER", "hf"),
+        help="hf: transformers' Trainer; sft: TRL's SFTTrainer",
+    )
+    p.add_argument("--step-seconds", type=float, default=float(env("QLORA_STEP_SECONDS", 0)))
+    p.add_argument(
         "--tiny",
         action="store_true",
         default=env("QLORA_TINY", "0").lower() not in ("0", "false", "no", ""),
@@ -92,6 +114,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.steps < 1 or args.save_steps < 1:
         p.error("--steps and --save-steps must be positive")
+    if args.step_seconds < 0:
+        p.error("--step-seconds must not be negative")
     return args
 
 
@@ -109,6 +133,7 @@ class Encoder:
 
 
 def user_text(row: dict[str, str]) -> str:
+    """An Alpaca row's instruction, and its input (when it has one) after a blank line."""
     instruction = (row.get("instruction") or "").strip()
     extra = (row.get("input") or "").strip()
     return f"{instruction}\n\n{extra}" if extra else instruction
@@ -182,6 +207,15 @@ def synthetic_rows(count: int, seed: int) -> list[dict[str, str]]:
     return rows
 
 
+def prompt_completion(row: dict[str, str]) -> dict[str, list[dict[str, str]]]:
+    """An Alpaca row as TRL's conversational prompt-completion example: SFTTrainer renders
+    both turns with the tokenizer's chat template and learns only the completion."""
+    return {
+        "prompt": [{"role": "user", "content": user_text(row)}],
+        "completion": [{"role": "assistant", "content": (row.get("output") or "").strip()}],
+    }
+
+
 def byte_encoder() -> Encoder:
     """UTF-8 bytes as tokens (vocabulary 256): the tiny model needs no tokenizer files."""
 
@@ -229,39 +263,66 @@ def lora_config(args: argparse.Namespace) -> Any:
     )
 
 
-def tiny_model_and_data(args: argparse.Namespace) -> tuple[Any, InstructionData, Encoder]:
-    """A randomly initialised two-layer Qwen2 (byte vocabulary) and made-up data, on the CPU."""
+def tiny_base_model(args: argparse.Namespace, tokenizer: Any = None) -> Any:
+    """A randomly initialised two-layer Qwen2 on the CPU, the same weights on every host: for
+    TOKENIZER's vocabulary and special tokens, or for bytes (id 0 special) without one."""
     import torch
-    from peft import get_peft_model
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    vocab, pad, eos = (256, 0, 0) if tokenizer is None else (
+        len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id
+    )  # fmt: skip
     config = Qwen2Config(
         hidden_size=32,
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
         intermediate_size=64,
-        vocab_size=256,
+        vocab_size=vocab,
         max_position_embeddings=max(args.max_length, 256),
-        pad_token_id=0,
-        bos_token_id=0,
-        eos_token_id=0,
+        pad_token_id=pad,
+        bos_token_id=eos if tokenizer is None else None,
+        eos_token_id=eos,
         tie_word_embeddings=True,
     )
     torch.manual_seed(args.seed)  # the same base weights on every host: adapters fit them
-    model = get_peft_model(Qwen2ForCausalLM(config), lora_config(args))
+    return Qwen2ForCausalLM(config)
+
+
+def tiny_model_and_data(args: argparse.Namespace) -> tuple[Any, InstructionData, Encoder]:
+    """The tiny Qwen2 (byte vocabulary) with LoRA adapters, and made-up data, on the CPU."""
+    from peft import get_peft_model
+
+    model = get_peft_model(tiny_base_model(args), lora_config(args))
     enc = byte_encoder()
     return model, InstructionData(synthetic_rows(TINY_ROWS, args.seed), enc, args.max_length), enc
 
 
-def qlora_model_and_data(args: argparse.Namespace) -> tuple[Any, InstructionData, Encoder]:
-    """The base model in 4-bit NF4 on the GPU with LoRA adapters, and the instruction data."""
+def tiny_tokenizer() -> Any:
+    """A byte-level tokenizer built in memory with Qwen's special tokens and turn format: what
+    SFTTrainer needs from a tokenizer, without a download."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    backend = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    return tokenizer
+
+
+def quantized_base_model(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The base model in 4-bit NF4 on the GPU, ready for k-bit training, and its tokenizer."""
     import torch
 
     if not torch.cuda.is_available():
         sys.exit("no CUDA GPU visible: 4-bit QLoRA needs one (try --tiny on a CPU)")
-    from datasets import load_dataset
-    from peft import get_peft_model, prepare_model_for_kbit_training
+    from peft import prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -279,7 +340,16 @@ def qlora_model_and_data(args: argparse.Namespace) -> tuple[Any, InstructionData
         use_gradient_checkpointing=True,
         gradient_checkpointing_kwargs={"use_reentrant": False},
     )
-    model = get_peft_model(model, lora_config(args))
+    return model, tokenizer
+
+
+def qlora_model_and_data(args: argparse.Namespace) -> tuple[Any, InstructionData, Encoder]:
+    """The 4-bit base model with LoRA adapters, and the instruction data."""
+    from datasets import load_dataset
+    from peft import get_peft_model
+
+    base, tokenizer = quantized_base_model(args)
+    model = get_peft_model(base, lora_config(args))
     model.print_trainable_parameters()
 
     enc = chat_encoder(tokenizer)
@@ -291,66 +361,152 @@ def qlora_model_and_data(args: argparse.Namespace) -> tuple[Any, InstructionData
 
 
 def checkpoint_step(path: str) -> int:
+    """The step of the Trainer checkpoint in PATH (exits when PATH is not one)."""
     state = Path(path) / "trainer_state.json"
     if not state.is_file():
         sys.exit(f"{path} is not a Trainer checkpoint: no trainer_state.json")
     return int(json.loads(state.read_text())["global_step"])
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+def checkpointing_flag() -> str:
+    """transformers 5.23 renamed ``gradient_checkpointing`` (kept as a deprecated alias); the
+    GPU setup's 5.19, the newest that runs on the image's torch 2.5.1, knows only the old name."""
+    from transformers import TrainingArguments
+
+    new = "activation_checkpointing"
+    return new if new in TrainingArguments.__dataclass_fields__ else "gradient_checkpointing"
+
+
+def training_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The arguments both trainers take (``TrainingArguments``; ``SFTConfig`` extends it).
+
+    Given in full so that SFTConfig's own defaults (bf16, activation checkpointing, logging
+    every 10 steps, another learning rate) do not make the two trainers train differently."""
+    return {
+        "output_dir": args.output_dir,  # the agent watches it: checkpoint-<step> folders go here
+        "max_steps": args.steps,
+        "save_strategy": "steps",
+        "save_steps": args.save_steps,
+        "save_total_limit": None,  # never delete a checkpoint the agent may still be uploading
+        "logging_steps": args.logging_steps,
+        "per_device_train_batch_size": args.batch_size,
+        "gradient_accumulation_steps": args.grad_accum,
+        "learning_rate": args.lr,
+        "lr_scheduler_type": args.lr_scheduler,
+        "warmup_steps": args.warmup_steps,
+        "seed": args.seed,
+        "use_cpu": args.tiny,
+        "bf16": not args.tiny,
+        "optim": "adamw_torch" if args.tiny else "paged_adamw_8bit",
+        checkpointing_flag(): not args.tiny,  # recompute activations: less GPU memory
+        "dataloader_num_workers": 0,
+        "disable_tqdm": True,  # one log line per logging step reads better in the job's log
+        "report_to": "none",
+    }
+
+
+def hf_trainer(args: argparse.Namespace, callbacks: list[Any]) -> Any:
+    """transformers' Trainer on our own tokenized data and padding collator."""
     from transformers import Trainer, TrainingArguments
 
-    from agent import AUTO, checkpoint_mode
-    from agent.hf import NomadCallback
-
-    schedule = (
-        "when the supervisor asks"
-        if checkpoint_mode() == AUTO
-        else f"every {args.save_steps} steps"
+    build = tiny_model_and_data if args.tiny else qlora_model_and_data
+    model, data, enc = build(args)
+    return Trainer(
+        model=model,
+        args=TrainingArguments(**training_settings(args), remove_unused_columns=False),
+        train_dataset=data,
+        data_collator=PadCollator(enc.pad_id),
+        callbacks=callbacks,
     )
+
+
+def sft_data(args: argparse.Namespace) -> Any:
+    """The instruction rows as a ``datasets.Dataset`` of prompt-completion conversations."""
+    import datasets
+
+    datasets.disable_progress_bars()  # tqdm's redraws would fill the job's log tail
+    if args.tiny:
+        rows = synthetic_rows(TINY_ROWS, args.seed)
+        return datasets.Dataset.from_list([prompt_completion(row) for row in rows])
+    rows = datasets.load_dataset(args.dataset, split="train")
+    return rows.map(prompt_completion, remove_columns=rows.column_names)
+
+
+def sft_trainer(args: argparse.Namespace, callbacks: list[Any]) -> Any:
+    """TRL's SFTTrainer: it applies the chat template, masks the prompt out of the loss and
+    wraps the base model in the LoRA adapters of ``peft_config`` itself."""
+    from trl import SFTConfig, SFTTrainer
+
+    if args.tiny:
+        tokenizer = tiny_tokenizer()
+        model = tiny_base_model(args, tokenizer)
+    else:
+        model, tokenizer = quantized_base_model(args)
+    config = SFTConfig(**training_settings(args), max_length=args.max_length)
+    return SFTTrainer(
+        model=model,
+        args=config,
+        train_dataset=sft_data(args),
+        processing_class=tokenizer,
+        peft_config=lora_config(args),
+        callbacks=callbacks,
+    )
+
+
+def pace(args: argparse.Namespace) -> list[Any]:
+    """A callback that pauses ``--step-seconds`` after each step (none without the flag): a
+    sandbox drill needs a run that lasts long enough to be interrupted."""
+    if args.step_seconds <= 0:
+        return []
+    from transformers import TrainerCallback
+
+    class Pace(TrainerCallback):  # type: ignore[misc, valid-type]
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            time.sleep(args.step_seconds)
+
+    return [Pace()]
+
+
+def adapter_digest(model: Any) -> str:
+    """sha256 of the trainable (LoRA) weights, by name: equal digests, equal adapters."""
+    digest = hashlib.sha256()
+    for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+        if param.requires_grad:
+            digest.update(name.encode())
+            # float32 holds bf16 exactly, and numpy has no bf16
+            digest.update(param.detach().cpu().float().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def announce(args: argparse.Namespace) -> None:
+    """One line saying what runs, and from where it resumes."""
+    from agent import AUTO, checkpoint_mode
+
+    auto = checkpoint_mode() == AUTO
+    schedule = "when the supervisor asks" if auto else f"every {args.save_steps} steps"
     print(
         f"qlora: {'tiny random Qwen2 on the CPU' if args.tiny else args.model}, "
-        f"data {'synthetic' if args.tiny else args.dataset}, {args.steps} steps, "
+        f"data {'synthetic' if args.tiny else args.dataset}, {args.steps} steps "
+        f"with {'SFTTrainer' if args.trainer == 'sft' else 'Trainer'}, "
         f"checkpoint {schedule} into {args.output_dir}",
         flush=True,
     )
     if args.resume_from:
         print(f"resuming from {args.resume_from} at step {checkpoint_step(args.resume_from)}")
-    build = tiny_model_and_data if args.tiny else qlora_model_and_data
-    model, data, enc = build(args)
 
-    training = TrainingArguments(
-        output_dir=args.output_dir,  # the agent watches it: checkpoint-<step> folders go here
-        max_steps=args.steps,
-        save_strategy="steps",
-        save_steps=args.save_steps,
-        save_total_limit=None,  # never delete a checkpoint the agent may still be uploading
-        logging_steps=args.logging_steps,
-        per_device_train_batch_size=args.batch_size,
-        gradient_accumulation_steps=args.grad_accum,
-        learning_rate=args.lr,
-        lr_scheduler_type=args.lr_scheduler,
-        warmup_steps=args.warmup_steps,
-        seed=args.seed,
-        use_cpu=args.tiny,
-        bf16=not args.tiny,
-        optim="adamw_torch" if args.tiny else "paged_adamw_8bit",
-        activation_checkpointing=not args.tiny,  # recompute activations: less GPU memory
-        remove_unused_columns=False,
-        dataloader_num_workers=0,
-        disable_tqdm=True,  # one log line per logging step reads better in the job's log
-        report_to="none",
-    )
-    trainer = Trainer(
-        model=model,
-        args=training,
-        train_dataset=data,
-        data_collator=PadCollator(enc.pad_id),
-        callbacks=[NomadCallback()],
-    )
+
+def main(argv: Sequence[str] | None = None, *, extra_callbacks: Sequence[Any] = ()) -> int:
+    """Train, resuming from ``--resume-from`` when given. EXTRA_CALLBACKS run after
+    ``NomadCallback`` (the project's tests hold training at a step with one)."""
+    args = parse_args(argv)
+    from agent.hf import NomadCallback
+
+    announce(args)
+    build = sft_trainer if args.trainer == "sft" else hf_trainer
+    trainer = build(args, [NomadCallback(), *pace(args), *extra_callbacks])
     trainer.train(resume_from_checkpoint=args.resume_from or None)
-    print(f"finished at step {trainer.state.global_step}", flush=True)
+    digest = adapter_digest(trainer.model)
+    print(f"finished at step {trainer.state.global_step}, adapter sha256 {digest}", flush=True)
     return 0
 
 

@@ -16,9 +16,11 @@ midnight therefore brings the next day's row too.
 
 Rates are fixed per instance when it is created (copied from the offer): GPU $/h
 (``dph_base``, or the bid price for interruptible), storage $/h (``storage_cost`` $/GB/month
-* disk GB / 720), traffic $/GB each way. A changed bid (``PUT /instances/bid_price/{id}/``)
-prices the GPU hours after it only: each GPU interval carries its own ``rate`` (NULL in older
-state files: the instance's ``gpu_rate``), and the GPU item's "at $x/hour" is the average.
+* disk GB / 720), traffic $/GB each way. The disk item is worded as Vast's billing page words
+it, "0.9765233 hours at $0.018/hour": the hours the disk existed at the whole disk's rate.
+A changed bid (``PUT /instances/bid_price/{id}/``) prices the GPU hours after it only: each GPU
+interval carries its own ``rate`` (NULL in older state files: the instance's ``gpu_rate``), and
+the GPU item's "at $x/hour" is the average.
 A GB of traffic is 1024³ bytes: the offers' ``inet_*_cost`` are the hosts' $/TB prices divided
 by 1024. An ``overcharge`` injection multiplies the *billed quantities* of that contract, so
 its invoice stays self-consistent (quantity * rate = amount) but exceeds what was used.
@@ -109,14 +111,12 @@ def item_costs(inst: dict, usage: Usage) -> dict[str, tuple[float, float, str]]:
     gpu_rate = gpu_usd / gpu_h if gpu_h > 0 else inst["gpu_rate"]
     disk_h = usage.disk_s / 3600.0 * mult
     down_gb, up_gb = usage.down / GB * mult, usage.up / GB * mult
-    disk_gb = float(json.loads(inst["config"])["disk"])
-    storage_month = json.loads(inst["offer"]).get("storage_cost", 0.0)
     return {
         "gpu": (gpu_h, gpu_usd, f"{gpu_h:.3f} hours at ${gpu_rate:.3f}/hour"),
         "disk": (
             disk_h,
             disk_h * inst["disk_rate"],
-            f"{disk_gb:.1f} GB for {disk_h:.3f} hours at ${storage_month:.3f}/GB/month",
+            f"{disk_h:.7f} hours at ${_hourly(inst['disk_rate'])}/hour",
         ),
         "bwd": (
             down_gb,
@@ -129,6 +129,14 @@ def item_costs(inst: dict, usage: Usage) -> dict[str, tuple[float, float, str]]:
             f"{up_gb:.3f} GB uploaded at ${inst['up_rate']:.6f}/GB",
         ),
     }
+
+
+def _hourly(rate: float) -> str:
+    """A $/hour rate as Vast's billing page prints one ("$0.018/hour"), 3 decimals; a rate with
+    more digits keeps up to 6, so quantity times rate still gives the amount (how Vast prints
+    such a rate is not known)."""
+    text = f"{rate:.6f}".rstrip("0")
+    return text if len(text.split(".")[1]) >= 3 else f"{rate:.3f}"
 
 
 def day_keys(lo: float, hi: float) -> range:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -19,12 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from hosts.sandbox.bids import BidSettings
+from hosts.sandbox.image_cache import GUESSED_WIPE_CHANCE
 from hosts.sandbox.instances import INSTANCE_ACTIONS
-from hosts.sandbox.timing import Timing
+from hosts.sandbox.timing import HOST_RETURN_MEAN_S, HOST_RETURN_P, Timing, image_name
 
 DEFAULT_STATE_DIR = Path(__file__).resolve().parents[2] / "var" / "sandbox"
 DEFAULT_URL = "http://127.0.0.1:8700"
-GLOBAL_ACTIONS = ("ratelimit",)
+GLOBAL_ACTIONS = ("ratelimit", "refuse-ask")
 
 
 def build_parser(default_state_dir: Path) -> argparse.ArgumentParser:
@@ -61,7 +63,47 @@ def build_parser(default_state_dir: Path) -> argparse.ArgumentParser:
         "--time-scale", type=float, default=None, help="multiply simulated durations"
     )
     serve.add_argument(
+        "--host-return-p",
+        type=float,
+        default=HOST_RETURN_P,
+        help=f"share of rebooted hosts (reboot-host) that come back (default {HOST_RETURN_P})",
+    )
+    serve.add_argument(
+        "--host-return-mean-s",
+        type=_positive,
+        default=HOST_RETURN_MEAN_S,
+        help="mean real seconds until a rebooted host comes back, exponential, seeded "
+        f"(default {HOST_RETURN_MEAN_S:g}; scaled like every duration)",
+    )
+    serve.add_argument(
         "--free-image-pull", action="store_true", help="do not bill image pulls as download"
+    )
+    serve.add_argument(
+        "--image-wipe-chance",
+        type=_probability,
+        default=None,
+        help="chance a host wiped a machine's pulled image before its next rental (seeded; "
+        f"default {GUESSED_WIPE_CHANCE:g}, a guess: not published; 0 under --fast)",
+    )
+    serve.add_argument(
+        "--scheduling-s",
+        type=_non_negative,
+        default=None,
+        help="a fixed created → loading in real seconds (default: drawn, 60-300 s)",
+    )
+    serve.add_argument(
+        "--byte-scale",
+        type=_positive,
+        default=1.0,
+        help="links carry this many times their bytes (a bench sending scaled-down bytes)",
+    )
+    serve.add_argument(
+        "--image-size",
+        action="append",
+        default=[],
+        type=_image_size,
+        metavar="IMAGE=BYTES",
+        help="the download size of an image (repeatable; wins over the built-in table)",
     )
     market = serve.add_argument_group(
         "interruptible market (hosts/sandbox/bids.py); under --fast both are off unless given"
@@ -96,7 +138,9 @@ def build_parser(default_state_dir: Path) -> argparse.ArgumentParser:
     serve.add_argument("--verbose", action="store_true", help="log every request")
     inject = sub.add_parser("inject", help="inject a failure into a running sandbox")
     inject.add_argument("action", choices=(*INSTANCE_ACTIONS, *GLOBAL_ACTIONS))
-    inject.add_argument("target", nargs="?", help="instance id (for ratelimit: the seconds)")
+    inject.add_argument(
+        "target", nargs="?", help="instance id (ratelimit: the seconds; refuse-ask: the ask id)"
+    )
     inject.add_argument("arg", nargs="?", help="hang|clear, FACTOR, PERCENT, end, SECONDS ...")
     inject.add_argument("--url", default=os.environ.get("SANDBOX_URL", DEFAULT_URL))
     show = sub.add_parser("instances", help="print every instance's sandbox-side state as JSON")
@@ -120,7 +164,17 @@ def serve(args: argparse.Namespace) -> int:
 
     timing = Timing.fast(args.seed) if args.fast else Timing(seed=args.seed)
     if args.time_scale is not None:
-        timing = Timing(args.time_scale, timing.floor_s, timing.cap_s, args.seed)
+        timing = dataclasses.replace(timing, scale=args.time_scale)
+    timing = dataclasses.replace(
+        timing,
+        host_return_p=args.host_return_p,
+        host_return_mean_s=args.host_return_mean_s,
+        scheduling_fixed_s=timing.scheduling_fixed_s
+        if args.scheduling_s is None
+        else args.scheduling_s,
+        byte_scale=args.byte_scale,
+        image_sizes=tuple(args.image_size),
+    )
     options = Options(
         bids=bid_settings(args),
         state_dir=args.state_dir,
@@ -134,6 +188,7 @@ def serve(args: argparse.Namespace) -> int:
         retry_after=args.retry_after,
         timing=timing,
         bill_image_pull=not args.free_image_pull,
+        image_wipe_chance=image_wipe_chance(args),
         verbose=args.verbose,
     )
     # SIGTERM ends serve_forever like Ctrl-C does, so instances are shut down cleanly.
@@ -155,6 +210,29 @@ def bid_settings(args: argparse.Namespace) -> BidSettings:
         hold_h=args.outbid_hold_h,
         min_bid_step_pct=default.min_bid_step_pct if step is None else step,
     )
+
+
+def image_wipe_chance(args: argparse.Namespace) -> float:
+    """The chance a host wiped a machine's image between rentals: the flag's, else the guess
+    (``image_cache.GUESSED_WIPE_CHANCE``); 0 under ``--fast`` unless given, like the other
+    random processes, so tests that rent a machine twice see the same start every time."""
+    if args.image_wipe_chance is not None:
+        return args.image_wipe_chance
+    return 0.0 if args.fast else GUESSED_WIPE_CHANCE
+
+
+def _probability(text: str) -> float:
+    value = _number(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError("must be between 0 and 1")
+    return value
+
+
+def _image_size(text: str) -> tuple[str, int]:
+    name, sep, size = text.rpartition("=")
+    if not sep or not name or not size.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not IMAGE=BYTES")
+    return image_name(name), int(size)
 
 
 def _number(text: str) -> float:
@@ -193,11 +271,12 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 
 def inject(args: argparse.Namespace) -> int:
-    """``inject ACTION INSTANCE_ID [ARG]``; ``inject ratelimit SECONDS`` needs no instance."""
+    """``inject ACTION INSTANCE_ID [ARG]``; ``inject ratelimit SECONDS`` and
+    ``inject refuse-ask ASK_ID`` need no instance."""
     if args.action in GLOBAL_ACTIONS:
-        seconds = args.arg if args.arg is not None else args.target
+        value = args.arg if args.arg is not None else args.target
         return _print(
-            _call(args.url, "POST", "/sandbox/inject", {"action": args.action, "arg": seconds})
+            _call(args.url, "POST", "/sandbox/inject", {"action": args.action, "arg": value})
         )
     if not args.target or not args.target.isdigit():
         print(f"inject {args.action}: give the instance id", file=sys.stderr)

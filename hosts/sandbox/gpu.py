@@ -3,9 +3,13 @@
 It reads ``gpu.json`` in the instance's scratch folder on every call, so a ``gpu-fault``
 injection takes effect at once: ``error`` makes it fail the way a GPU that fell off the bus
 does (exit 255, "Unable to determine the device handle ..."), ``hang`` makes it block
-forever, as the real tool does on a wedged driver. Optional files the training script may
-write, ``$SANDBOX_DIR/gpu_util`` and ``$SANDBOX_DIR/gpu_mem_used`` (numbers), feed the
-utilization and memory columns; otherwise the GPU reads as idle.
+forever, as the real tool does on a wedged driver, and ``lost:N`` makes GPU N fall off the
+bus: every call then prints only "Unable to determine the device handle for GPU0000:0N:00.0:
+GPU is lost.  Reboot the system to recover this GPU" and exits 15 (NVML_ERROR_GPU_IS_LOST),
+the healthy GPUs unlisted, as the real tool does (XuehaiPan/nvitop#45, wookayin/gpustat#125).
+Optional files the training script may write, ``$SANDBOX_DIR/gpu_util`` and
+``$SANDBOX_DIR/gpu_mem_used`` (numbers), feed the utilization and memory columns; otherwise the
+GPU reads as idle.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
 UNITS = {"utilization.gpu": "%", "memory.used": "MiB", "memory.total": "MiB"}
+LOST = ("Unable to determine the device handle for GPU{bus}: GPU is lost.  "
+        "Reboot the system to recover this GPU")
 
 
 def read(name, default):
@@ -40,6 +46,8 @@ def values(gpu, index):
         "memory.used": f"{read('gpu_mem_used', 0.0):.0f}", "memory.total": str(gpu["memory_total"]),
         "memory.free": str(int(gpu["memory_total"] - read("gpu_mem_used", 0.0))),
         "temperature.gpu": f"{34 + util * 0.4:.0f}", "pci.bus_id": f"00000000:{index + 1:02X}:00.0",
+        # GeForce cards have no ECC: nvidia-smi prints [N/A] there.
+        "ecc.errors.uncorrected.volatile.total": "[N/A]" if "GeForce" in gpu["name"] else "0",
     }
 
 
@@ -86,6 +94,10 @@ def main(args):
     if gpu.get("fault") == "error":
         print(FAULT_MESSAGE)
         return 255
+    if gpu.get("fault", "").startswith("lost:"):
+        index = int(gpu["fault"].split(":", 1)[1])
+        print(LOST.format(bus=f"0000:{index + 1:02X}:00.0"))
+        return 15
     if "-L" in args or "--list-gpus" in args:
         for i in range(gpu["count"]):
             print(f"GPU {i}: {gpu['name']} (UUID: GPU-sandbox-{gpu['instance']}-{i})")
@@ -116,7 +128,7 @@ def install(scratch: Path, instance_id: int, offer: dict) -> None:
 
 
 def write_state(scratch: Path, instance_id: int, offer: dict, fault: str) -> None:
-    """(Re)write ``gpu.json``; ``fault`` is '', 'error' or 'hang'."""
+    """(Re)write ``gpu.json``; ``fault`` is '', 'error', 'hang' or 'lost:N' (GPU N)."""
     state = {
         "instance": instance_id,
         "name": marketing_name(str(offer.get("gpu_name", "GPU"))),

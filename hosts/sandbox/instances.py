@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hosts.sandbox import billing, gpu
+from hosts.sandbox import billing, gpu, image_cache
 from hosts.sandbox.bids import BidMarket, BidSettings
 from hosts.sandbox.market import HOURS_PER_MONTH, Market, public
 from hosts.sandbox.processes import (
@@ -49,10 +49,8 @@ from hosts.sandbox.timing import (
     CONTAINER_START_S,
     DESTROY_DELIVERY_S,
     REBOOT_S,
-    SCHEDULING_S,
     STOP_GRACE_S,
     Timing,
-    image_bytes,
 )
 
 LABEL_MAX = 1024  # a label set later (PUT /instances/{id}/)
@@ -73,6 +71,7 @@ INSTANCE_ACTIONS = (
     "thaw",
     "offline",
     "online",
+    "reboot-host",
     "gpu-fault",
     "slow",
     "outbid",
@@ -82,14 +81,17 @@ INSTANCE_ACTIONS = (
     "oci-fail",
     "expire-in",
 )
-# What Docker says when the NVIDIA runtime cannot start a container (dstack's Vast backend,
-# compute.py, treats a `created` instance with "OCI runtime create failed" as failed).
+# What a host whose NVIDIA runtime cannot attach the GPU shows, word for word from a recorded
+# instance body (a public third-party Vast client's test fixture: actual_status `created`,
+# cur_state, next_state and intended_status all `stopped`). dstack's Vast backend, compute.py,
+# fails a `created` instance on ": OCI runtime create failed:".
 OCI_FAILURE = (
     "Error response from daemon: failed to create task for container: failed to create shim "
-    "task: OCI runtime create failed: runc create failed: unable to start container process: "
-    "error during container init: nvidia-container-cli: initialization error: driver rpc "
-    "error: timed out: unknown"
+    "task: OCI runtime create failed: could not apply required modification to OCI "
+    "specification: error modifying OCI spec: failed to inject CDI devices: unresolvable CDI "
+    "devices"
 )
+BEFORE_RUNNING = ("created", "loading")  # the container has not run yet
 
 
 class ApiError(Exception):
@@ -115,8 +117,10 @@ class Engine:
         bill_image_pull: bool = True,
         clock: Callable[[], float] = time.time,
         bids: BidMarket | None = None,
+        wipe_chance: float = image_cache.GUESSED_WIPE_CHANCE,
     ) -> None:
         self.store, self.market, self.timing, self.clock = store, market, timing, clock
+        self.wipe_chance = wipe_chance  # a host wiped a machine's image between rentals
         self.state_dir = state_dir
         self.bill_image_pull = bill_image_pull
         self.bids = bids or BidMarket(
@@ -144,6 +148,16 @@ class Engine:
 
     def gone_asks(self) -> set[int]:
         return {r["ask_id"] for r in self.store.rows("SELECT ask_id FROM gone_asks")}
+
+    def refuse_ask(self, ask_id: int) -> None:
+        """Sandbox-only (``inject refuse-ask ASK_ID``): from now on a create of ASK_ID is
+        refused with the 403 Vast documents for an offer the renter may not rent; the ask stays
+        listed. Any other refusal of that one offer reads the same to a renter."""
+        if self.market.get(ask_id) is None:
+            raise ApiError(404, "no_such_ask", f"no ask {ask_id} in the market", ask_id=ask_id)
+        self.store.run(
+            "INSERT OR IGNORE INTO refused_asks (ask_id, at) VALUES (?, ?)", (ask_id, self.clock())
+        )
 
     def scratch(self, instance_id: int) -> Path:
         return self.state_dir / "instances" / str(instance_id)
@@ -189,6 +203,14 @@ class Engine:
             raise ApiError(404, "no_such_ask", text, ask_id=ask_id)
         if ask_id in self.rented_asks() or ask_id in self.market.taken_by_others:
             raise ApiError(404, "invalid_args", text, ask_id=ask_id)
+        if self.store.row("SELECT 1 AS x FROM refused_asks WHERE ask_id = ?", (ask_id,)):
+            # The hand-written create_instance.yaml's 403, word for word: a host-only account
+            # renting another host's offer. A refusal of this one offer, not of the key.
+            refused = (
+                f"error 403/3586: Offer {ask_id} is not your own. "
+                "Hosts can only rent their own machines."
+            )
+            raise ApiError(403, "invalid_args", refused, ask_id=ask_id)
         return offer
 
     def _insert(self, account_id: int, ask_id: int, offer: dict, config: dict, now: float) -> int:
@@ -212,7 +234,7 @@ class Engine:
                 disk_rate,
                 float(offer.get("inet_down_cost", 0.0)),
                 float(offer.get("inet_up_cost", 0.0)),
-                image_bytes(config["image"]),
+                self.timing.image_bytes(config["image"]),
             ),
         )
 
@@ -236,7 +258,7 @@ class Engine:
                 outbid_resume=1,
                 status_msg="outbid: bid below min_bid",
             )
-        deadline = now + self.timing.phase(SCHEDULING_S, inst_id, "scheduling")
+        deadline = now + self.timing.scheduling_s(inst_id)
         return self._update(inst_id, now, status="created", deadline=deadline)
 
     def _prepare_scratch(self, inst_id: int, offer: dict, config: dict) -> None:
@@ -295,6 +317,7 @@ class Engine:
     def tick(self) -> None:
         """Advance every instance whose current phase has run out."""
         now = self.clock()
+        self._return_hosts(now)
         due = self.store.rows(
             "SELECT id FROM instances WHERE destroyed_at IS NULL AND host_online = 1"
             " AND deadline IS NOT NULL AND deadline <= ?",
@@ -320,8 +343,11 @@ class Engine:
                 self._run(inst, now)
 
     def _load(self, inst: dict, now: float) -> dict:
-        """Enter ``loading``: pull the image (first time) or just start the container."""
+        """Enter ``loading``: pull the image, or just start the container when the instance
+        (a reboot, a restart) or its machine (an earlier rental's pull) already has it."""
         offer = json.loads(inst["offer"])
+        if not inst["image_cached"]:
+            inst = self._look_for_image_on_machine(inst, now)
         if inst["image_cached"]:
             seconds = self.timing.phase(CONTAINER_START_S, inst["id"], "start")
         else:
@@ -332,10 +358,33 @@ class Engine:
             inst["id"], now, status="loading", deadline=now + seconds, status_msg=""
         )
 
+    def _look_for_image_on_machine(self, inst: dict, now: float) -> dict:
+        """A new instance on a machine that pulled its image for an earlier rental finds it
+        there, unless the host wiped it meanwhile (one seeded draw: ``image_cache``)."""
+        if inst["image_source"]:
+            return inst  # drawn already (a load stopped by an outbid starts again)
+        machine, image = image_cache.machine_of(inst), json.loads(inst["config"])["image"]
+        if not image_cache.holds(self.store, machine, image, before=inst["created_at"]):
+            return self._update(inst["id"], now, image_source="pulled")
+        if image_cache.wiped_between_rentals(self.timing.seed, inst["id"], self.wipe_chance):
+            image_cache.forget(self.store, machine, image)
+            return self._update(
+                inst["id"], now, event="image wiped from the machine", image_source="wiped"
+            )
+        return self._update(
+            inst["id"],
+            now,
+            event="image cached on the machine",
+            image_source="machine",
+            image_cached=1,
+        )
+
     def _finish_pull(self, inst: dict, now: float) -> None:
         if inst["image_cached"]:
             return
         self.store.run("UPDATE instances SET image_cached = 1 WHERE id = ?", (inst["id"],))
+        image = json.loads(inst["config"])["image"]
+        image_cache.remember_pull(self.store, image_cache.machine_of(inst), image, now)
         if self.bill_image_pull:  # the pull crosses the host's metered link like any download
             self.add_traffic(inst["id"], "down", inst["image_bytes"], now)
 
@@ -455,7 +504,7 @@ class Engine:
     def start(self, inst: dict) -> dict:
         """``state: running``: restart a stopped or exited container (onstart runs again)."""
         now = self.clock()
-        if inst["status"] in ACTIVE:
+        if inst["status"] in ACTIVE and not inst["outbid"]:
             self._update(inst["id"], now, intended="running")
             return {"success": True}
         if inst["is_bid"] and not inst["outbid"] and inst["gpu_rate"] < self.min_bid_now(inst, now):
@@ -571,13 +620,28 @@ class Engine:
                 **fields,
             )
             self._record_outbid(inst, now, cause, self.min_bid_now(inst, now))
-            self.stop(inst, msg=msg, intended="stopped")
+            if inst["status"] in BEFORE_RUNNING:
+                # Outbid while its image loads: Vast gives the contract up where it stands,
+                # actual_status still `loading` (or `created`) under the three stopped states
+                # (a recorded instance body; a third-party Vast worker manager names it:
+                # "container stopped during startup (e.g. outbid while pulling image)").
+                # No container ran, so there is nothing to stop.
+                event = f"outbid while {inst['status']}"
+                self._update(
+                    inst["id"], now, event, intended="stopped", deadline=None, status_msg=msg
+                )
+            else:
+                self.stop(inst, msg=msg, intended="stopped")
 
     def _regain(self, inst: dict, now: float, why: str) -> None:
         """The bid is the highest again: the machine is ours, and the container starts (onstart
         again) unless the renter stopped it meanwhile or the account has no credit."""
         with self.store.tx():
-            resume = bool(inst["outbid_resume"]) and inst["status"] in ("stopped", "exited")
+            resume = bool(inst["outbid_resume"]) and inst["status"] in (
+                "stopped",
+                "exited",
+                *BEFORE_RUNNING,
+            )
             inst = self._update(
                 inst["id"],
                 now,
@@ -750,11 +814,65 @@ class Engine:
             self._update(inst_id, self.clock(), event="queued destroy delivered", pgid=None)
         self.processes.kill(pgid)
 
+    def _inject_reboot_host(self, inst: dict, arg: Any) -> None:
+        """The host reboots: every process dies, the host daemon is disconnected and Vast
+        shows the instance ``offline`` (computed while the host is away; no GPU or storage
+        billed, ``shared/vast-api.md`` §7). The instance is not deleted: a host cannot delete a
+        renter's instance (``shared/notes/vast-real-api-audit.md`` #15), and Vast's
+        ``instance_online`` webhook (vast-ai/docs, webhooks) is the host coming back. ARG: the
+        wall seconds until it does, ``never``, or nothing for a seeded draw
+        (``Timing.host_return_s``; some hosts never return). Back, the container restarts on
+        the same disk (``_return_hosts``)."""
+        now = self.clock()
+        spell = inst["host_spells"] + 1
+        if arg in (None, ""):
+            back_in = self.timing.host_return_s(inst["id"], spell)
+        elif arg == "never":
+            back_in = None
+        else:
+            back_in = _non_negative(arg, "reboot-host takes SECONDS, never, or nothing")
+        _, pgid = self._release(
+            inst["id"],
+            now,
+            event="host rebooting" + ("" if back_in is None else f", back in {back_in:.1f} s"),
+            host_online=0,
+            status="rebooting",
+            deadline=None,
+            returns_at=None if back_in is None else now + back_in,
+            host_spells=spell,
+            status_msg="host offline (rebooting)",
+        )
+        self.processes.kill(pgid)
+
+    def _return_hosts(self, now: float) -> None:
+        """Rebooted hosts whose return time came reconnect. Their instances go through
+        ``rebooting`` → ``loading`` → ``running`` again with their disk as it was (the image is
+        cached, so loading is only a container start, and the scratch folder is untouched):
+        the onstart script runs again, as in ``reboot`` (a container restart). Vast's docs
+        ("Instance details": a stopped instance's "data on the machine is still accessible")
+        say the disk outlives the container; that onstart runs again on the host's return is
+        this model's assumption, as for a reboot, not a published fact."""
+        due = self.store.rows(
+            "SELECT id FROM instances WHERE destroyed_at IS NULL AND host_online = 0"
+            " AND returns_at IS NOT NULL AND returns_at <= ?",
+            (now,),
+        )
+        for r in due:
+            self._update(
+                r["id"],
+                now,
+                event="host back online",
+                host_online=1,
+                returns_at=None,
+                status="rebooting",
+                status_msg="",
+                deadline=now + self.timing.phase(REBOOT_S, r["id"], "reboot"),
+            )
+
     def _inject_gpu_fault(self, inst: dict, arg: Any) -> None:
-        fault = {None: "error", "": "error", "error": "error", "hang": "hang", "clear": ""}.get(arg)
-        if fault is None:
-            raise ApiError(400, "invalid_args", "gpu-fault takes no argument, 'hang' or 'clear'")
-        gpu.write_state(self.scratch(inst["id"]), inst["id"], json.loads(inst["offer"]), fault)
+        offer = json.loads(inst["offer"])
+        fault = gpu_fault_of(arg, int(offer.get("num_gpus", 1)))
+        gpu.write_state(self.scratch(inst["id"]), inst["id"], offer, fault)
         self._update(
             inst["id"], self.clock(), event=f"gpu-fault {fault or 'cleared'}", gpu_fault=fault
         )
@@ -806,10 +924,17 @@ class Engine:
         self._update(inst["id"], self.clock(), event=event, offer=json.dumps(offer))
 
     def _inject_oci_fail(self, inst: dict, arg: Any) -> None:
-        """The container cannot be created: Vast leaves the instance in ``created`` with the
-        runtime's error in ``status_msg``, for good (no phase runs out any more)."""
+        """The container cannot be created: Vast gives the contract up (cur_state,
+        intended_status and next_state ``stopped``) but leaves ``actual_status`` at ``created``,
+        the runtime's error in ``status_msg``, for good (no phase runs out any more), as the
+        recorded body behind ``OCI_FAILURE`` shows. Storage still bills until it is destroyed."""
         _, pgid = self._release(
-            inst["id"], self.clock(), status="created", deadline=None, status_msg=OCI_FAILURE
+            inst["id"],
+            self.clock(),
+            status="created",
+            intended="stopped",
+            deadline=None,
+            status_msg=OCI_FAILURE,
         )
         self.processes.kill(pgid)
 
@@ -952,6 +1077,7 @@ class Engine:
             "runs": inst["runs"],
             "frozen": bool(inst["frozen"]),
             "host_online": bool(inst["host_online"]),
+            "host_returns_at": inst["returns_at"],  # a rebooted host's return (None: never)
             "outbid": bool(inst["outbid"]),
             "bid": self._bid_view(inst, now),
             "gpu_fault": inst["gpu_fault"],
@@ -959,6 +1085,10 @@ class Engine:
             "overcharge": inst["overcharge"],
             "scratch": str(self.scratch(inst_id)),
             "image_bytes": inst["image_bytes"],
+            # Sandbox-only: pulled, found on the machine from an earlier rental, or wiped.
+            "image_source": inst["image_source"],
+            # Sandbox-only: which registry login the create carried (registry and user, no token).
+            "image_login": json.loads(inst["config"]).get("image_login"),
             "billing_now": sorted(billed_kinds(inst)),
             "rates": {
                 "gpu_per_hour": inst["gpu_rate"],
@@ -1099,7 +1229,36 @@ def _config(body: dict) -> dict:
         "price": _price(body.get("price")),
         "target_state": _target(body.get("target_state")),
         "template_hash_id": body.get("template_hash_id"),
+        "image_login": _image_login(body.get("image_login")),
     }
+
+
+def _image_login(value: Any) -> dict[str, str] | None:
+    """The registry and user of ``image_login`` (docker login arguments, "-u USER -p TOKEN
+    ghcr.io": vast-ai/docs creating-instances-with-api.mdx), never its password: Vast's
+    documented instance object has no ``image_login`` (SDK 1.9.1 ``vastai/data/instance.py``:
+    ``InstanceConfig`` sends it, ``Instance`` from ``GET /api/v1/instances/`` has no such
+    field, while ``extra_env`` and ``onstart`` come back), so the sandbox keeps no copy of the
+    token to show or leak. A non-string is refused (our reading: Vast documents a string)."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ApiError(
+            400, "invalid_args", "image_login must be a string of docker login arguments"
+        )
+    try:
+        words = shlex.split(value)
+    except ValueError as exc:
+        raise ApiError(400, "invalid_args", f"image_login does not parse: {exc}") from exc
+    user, rest, flags = "", [], iter(words)
+    for word in flags:
+        if word in ("-u", "--username"):
+            user = next(flags, "")
+        elif word in ("-p", "--password"):
+            next(flags, "")  # the password: read past, never kept
+        elif not word.startswith("-"):
+            rest.append(word)
+    return {"registry": rest[-1] if rest else "docker.io", "user": user}
 
 
 def _disk(value: Any) -> float:
@@ -1155,6 +1314,35 @@ def _target(value: Any) -> str:
     if value in (None, "running", "stopped"):
         return value or "running"
     raise ApiError(400, "invalid_args", "target_state must be 'running' or 'stopped'")
+
+
+def _non_negative(value: Any, message: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError) as exc:
+        raise ApiError(400, "invalid_args", message) from exc
+    if not number >= 0 or math.isinf(number):
+        raise ApiError(400, "invalid_args", message)
+    return number
+
+
+def gpu_fault_of(arg: Any, num_gpus: int) -> str:
+    """The ``gpu-fault`` injection's state: 'error' (no argument), 'hang', '' (clear) or
+    'lost:N', GPU N of the instance's NUM_GPUS falling off the bus."""
+    fault = {None: "error", "": "error", "error": "error", "hang": "hang", "clear": ""}.get(
+        arg if isinstance(arg, str) or arg is None else "?"
+    )
+    if fault is not None:
+        return fault
+    index = str(arg).removeprefix("lost:")
+    if str(arg).startswith("lost:") and index.isdigit() and int(index) < num_gpus:
+        return f"lost:{int(index)}"
+    raise ApiError(
+        400,
+        "invalid_args",
+        f"gpu-fault takes no argument, 'hang', 'clear' or 'lost:N' (N a GPU index below "
+        f"{num_gpus}, this instance's GPU count)",
+    )
 
 
 def _positive(value: Any, message: str) -> float:

@@ -24,6 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from hosts.sandbox import billing, traffic
 from hosts.sandbox.bids import BidMarket, BidSettings
+from hosts.sandbox.image_cache import GUESSED_WIPE_CHANCE
 from hosts.sandbox.instances import ApiError, Engine, run_ticker
 from hosts.sandbox.market import Market
 from hosts.sandbox.query import QueryError
@@ -50,6 +51,7 @@ class Options:
     timing: Timing = field(default_factory=Timing)
     bids: BidSettings = field(default_factory=BidSettings.off)
     bill_image_pull: bool = True
+    image_wipe_chance: float = GUESSED_WIPE_CHANCE
     verbose: bool = False
 
 
@@ -118,6 +120,7 @@ class App:
             options.state_dir,
             options.bill_image_pull,
             bids=self.bids,
+            wipe_chance=options.image_wipe_chance,
         )
         self.limiter = RateLimiter(
             enabled=not options.relaxed_rate_limits, scaled=options.timing.rate_interval
@@ -393,11 +396,13 @@ class App:
     @route("POST", "/sandbox/inject", "inject_global", "sandbox")
     def inject_global(self, req: Request) -> Reply:
         body = req.body if isinstance(req.body, dict) else {}
+        if body.get("action") == "refuse-ask":
+            return self._refuse_ask(body.get("arg"))
         if body.get("action") != "ratelimit":
             raise ApiError(
                 400,
                 "invalid_args",
-                "global actions: ratelimit SECONDS (others need an instance id)",
+                "global actions: ratelimit SECONDS, refuse-ask ASK_ID (others need an instance id)",
             )
         try:
             seconds = float(body.get("arg"))
@@ -405,6 +410,14 @@ class App:
             raise ApiError(400, "invalid_args", "ratelimit takes a number of seconds") from exc
         self.limiter.block_for(seconds)
         return ok({"success": True, "blocked_for": seconds})
+
+    def _refuse_ask(self, arg: Any) -> Reply:
+        try:
+            ask_id = int(arg)
+        except (TypeError, ValueError) as exc:
+            raise ApiError(400, "invalid_args", "refuse-ask takes an ask id") from exc
+        self.engine.refuse_ask(ask_id)
+        return ok({"success": True, "refused_ask": ask_id})
 
     @route("POST", "/sandbox/topup", "topup", "sandbox")
     def topup(self, req: Request) -> Reply:

@@ -2,10 +2,10 @@
 
 Everything that must survive a restart lives here: accounts and their top-ups, instances
 with their configuration and injected faults, usage intervals (what billing integrates),
-traffic counters, asks whose host vanished, and an event log per instance. One connection
-is shared by all request threads behind a re-entrant lock; the data is small and every
-statement is short, so a lock is simpler than a pool and rules out write races (two
-renters of one ask are decided inside one transaction).
+traffic counters, asks whose host vanished or that refuse renters, and an event log per
+instance. One connection is shared by all request threads behind a re-entrant lock; the data
+is small and every statement is short, so a lock is simpler than a pool and rules out write
+races (two renters of one ask are decided inside one transaction).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ CREATE TABLE IF NOT EXISTS payments (
     description TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS gone_asks (ask_id INTEGER PRIMARY KEY, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS refused_asks (ask_id INTEGER PRIMARY KEY, at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS instances (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     account_id INTEGER NOT NULL,
@@ -74,7 +75,9 @@ CREATE TABLE IF NOT EXISTS instances (
     bid_clock REAL,
     bid_hazard REAL NOT NULL DEFAULT 0,
     bid_draws INTEGER NOT NULL DEFAULT 0,
-    bid_run_h REAL NOT NULL DEFAULT 0
+    bid_run_h REAL NOT NULL DEFAULT 0,
+    returns_at REAL,
+    host_spells INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS instances_account ON instances (account_id, destroyed_at);
 CREATE INDEX IF NOT EXISTS instances_ask ON instances (ask_id) WHERE destroyed_at IS NULL;
@@ -113,6 +116,12 @@ CREATE TABLE IF NOT EXISTS outbids (
     running_h REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS outbids_instance ON outbids (instance_id, id);
+CREATE TABLE IF NOT EXISTS machine_images (
+    machine_id INTEGER NOT NULL,
+    image TEXT NOT NULL,
+    pulled_at REAL NOT NULL,
+    PRIMARY KEY (machine_id, image)
+);
 """
 # Columns added after state files were first written: ``Store`` adds them to an older file.
 # (The interruptible market's, ``bids.py``: the rival's bid and until when it holds the machine,
@@ -127,6 +136,13 @@ ADDED_COLUMNS = (
     ("instances", "bid_draws", "INTEGER NOT NULL DEFAULT 0"),
     ("instances", "bid_run_h", "REAL NOT NULL DEFAULT 0"),
     ("usage", "rate", "REAL"),
+    # Where the instance's image came from: '' (not loaded yet), 'pulled', 'machine' (the
+    # machine held it from an earlier rental: ``image_cache``) or 'wiped' (it had, the host
+    # wiped it, pulled again).
+    ("instances", "image_source", "TEXT NOT NULL DEFAULT ''"),
+    # A rebooted host's return (``reboot-host``): when, and how many times it went offline.
+    ("instances", "returns_at", "REAL"),
+    ("instances", "host_spells", "INTEGER NOT NULL DEFAULT 0"),
 )
 
 

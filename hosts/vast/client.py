@@ -24,6 +24,7 @@ from hosts.vast.errors import (
     CreateOutcomeUnknown,
     InstanceGone,
     OfferGone,
+    OfferRefused,
     ProviderError,
     ProviderUnreachable,
     VastError,
@@ -208,15 +209,18 @@ class VastClient:
         env: Mapping[str, str] | None = None,
         runtype: str = DEFAULT_RUNTYPE,
         bid_usd_per_hour: float | None = None,
+        image_login: str | None = None,
     ) -> CreatedInstance:
         """Rent an offer (`PUT /api/v0/asks/{id}/`, ref §3); interruptible iff a bid is given.
+        IMAGE_LOGIN is a registry login for a private image (a secret: never logged here).
 
         Never retried blindly: only a request that provably did not reach Vast (connect error)
         or that Vast rejected unprocessed (429) is sent again. A read timeout or a 5xx raises
         `CreateOutcomeUnknown`: the caller adopts the instance by ``label`` later.
         Afterwards the instance's `is_bid` is checked against the request; on a mismatch it is
         destroyed and `BidMismatch` raised, because a lost price silently rents on-demand.
-        Raises `OfferGone` when someone else got the offer.
+        Raises `OfferGone` when someone else got the offer, `OfferRefused` when Vast refuses
+        this offer (not the key: that is `AuthFailed`).
         """
         body = build_create_body(
             image=image,
@@ -226,6 +230,7 @@ class VastClient:
             env=env,
             runtype=runtype,
             bid_usd_per_hour=bid_usd_per_hour,
+            image_login=image_login,
         )
         data = self._send_create(offer_id, body, label)
         instance_id = _int(data.get("new_contract"))
@@ -260,6 +265,14 @@ class VastClient:
             if exc.status in (404, 410) and exc.code is None:
                 raise OfferGone(
                     exc.message, status=exc.status, code=exc.code, body=exc.body
+                ) from exc
+            if refuses_the_offer(exc):
+                raise OfferRefused(
+                    exc.message,
+                    offer_id=_int(_body_field(exc.body, "ask_id")) or offer_id,
+                    status=exc.status,
+                    code=exc.code,
+                    body=exc.body,
                 ) from exc
             raise
         if not isinstance(data, Mapping):
@@ -324,10 +337,21 @@ class VastClient:
         return instance_presence(ids, self.list_instances())
 
     def destroy_instance(self, instance_id: int) -> bool:
-        """Destroy (irreversible, ref §5). False when it was already gone: safe to repeat."""
+        """Destroy (irreversible, ref §5). False when it was already gone: safe to repeat.
+
+        Gone reads two ways: 404 `no_such_instance` (Vast's generated spec) and 404
+        `not_found` (its hand-written docs). A wrong base URL could answer `not_found` too, and
+        believing it would leave the instance billing, so that one is checked with show-one
+        (`{"instances": null}` for an instance that does not exist, ref §4)."""
         try:
             _require_success(self._request("DELETE", f"/api/v0/instances/{instance_id}/"))
         except InstanceGone:
+            return False
+        except ProviderError as exc:
+            if not (exc.status == 404 and exc.code == "not_found"):
+                raise
+            if self.show_instance(instance_id) is not None:
+                raise
             return False
         return True
 
@@ -397,6 +421,21 @@ class VastClient:
         """The account behind the API key (`GET /api/v0/users/current`, ref §5)."""
         data = self._request("GET", "/api/v0/users/current")
         return parse_user(data if isinstance(data, Mapping) else {})
+
+
+def refuses_the_offer(exc: ProviderError) -> bool:
+    """Whether a create's refusal is about that one offer: a 403 that does not name the key
+    (``errors`` left it a ``ProviderError``; vast-ai/docs create_instance.yaml: "Offer N is not
+    your own"), or `invalid_price`, a quote gone stale since the search (the same file)."""
+    return exc.status == 403 or exc.code == "invalid_price"
+
+
+def _body_field(body: str, key: str) -> Any:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    return data.get(key) if isinstance(data, Mapping) else None
 
 
 def _decode(response: httpx.Response) -> Any:

@@ -39,7 +39,18 @@ class OfferGone(VastError):
 
 
 class AuthFailed(VastError):
-    """The API key is missing, wrong or lacks the scope (401, 403, 404 `auth_error`)."""
+    """The API key is missing, wrong or lacks the scope (401, a 403 naming the key or login,
+    404 `auth_error`): every call of the account would fail the same way."""
+
+
+class OfferRefused(VastError):
+    """Vast refused to rent this one offer, not the account (create's 403, e.g. "Offer N is not
+    your own", or a stale quote's `invalid_price`): the next offer may rent. ``offer_id`` is
+    the ask Vast named (its ``ask_id``), else the one asked for."""
+
+    def __init__(self, message: str, *, offer_id: int | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.offer_id = offer_id
 
 
 class RateLimited(VastError):
@@ -91,6 +102,13 @@ class BidMismatch(VastError):
 
 _THRESHOLD = re.compile(r"threshold\s*=\s*(\d+(?:\.\d+)?)")
 _BILLING = re.compile(r"billing|credit|balance|payment", re.IGNORECASE)
+# A 403 about the key itself names it (or the login or scope it lacks): "This action requires
+# login." (ref §1). Create's 403 about one offer names the offer instead (vast-ai/docs
+# create_instance.yaml: "error 403/3586: Offer 1234567 is not your own. Hosts can only rent
+# their own machines.").
+_NAMES_THE_KEY = re.compile(
+    r"api[ _-]?key|user key|\bkey\b|log ?in|auth|token|scope|credential", re.IGNORECASE
+)
 
 
 def parse_error_body(text: str) -> tuple[str | None, str]:
@@ -115,8 +133,9 @@ def _error_class(status: int, code: str | None, message: str = "") -> type[VastE
     # `invalid_args` with "no_such_ask" in the message (the hand-written docs' example).
     if code == "no_such_ask" or (status in (404, 410) and "no_such_ask" in message):
         return OfferGone
-    # ref §1: a bad key is 401, 403 or 404-with-auth_error depending on the endpoint.
-    if status in (401, 403) or code == "auth_error":
+    # ref §1: a bad key is 401, 403 or 404-with-auth_error depending on the endpoint; a 403
+    # that does not name the key refuses something else (on create: that one offer).
+    if status == 401 or code == "auth_error" or (status == 403 and refuses_the_key(message)):
         return AuthFailed
     if status == 429 or code in ("rate_limit_exceeded", "search_quota_exceeded"):
         return RateLimited
@@ -128,6 +147,12 @@ def _error_class(status: int, code: str | None, message: str = "") -> type[VastE
     if code == "no_such_instance":
         return InstanceGone
     return ProviderError
+
+
+def refuses_the_key(message: str) -> bool:
+    """Whether a 403's MESSAGE is about the API key (or the login it stands for), not about
+    what was asked for."""
+    return bool(_NAMES_THE_KEY.search(message or ""))
 
 
 def error_for(status: int, text: str, headers: Mapping[str, str] | None = None) -> VastError:

@@ -23,6 +23,23 @@ ledger amounts         ``Decimal`` USD as Vast rounds them (charges, invoices)
 =====================  ==============================================================
 
 Missing or null fields become ``None`` (never a guessed zero), except ledger amounts (``0``).
+
+Several GPUs (issue 31): every price of an offer is the price of the whole instance, all its
+``num_gpus`` together, and is never divided or multiplied by the count here or downstream.
+
+- ``dph_base``, ``dph_total``, ``min_bid``: the host types per-GPU prices (vast-ai/vast-cli
+  ``list machine``: ``--price_gpu`` "per gpu rental price in $/hour", ``--price_min_bid``
+  "per gpu minimum bid price floor in $/hour"), and a machine publishes one offer per slice of
+  its GPUs (docs.vast.ai ``guides/concepts``: "one or more offers corresponding to different
+  slices of its GPUs"), priced for the slice: the renter's bid is "per machine bid price in
+  $/hour" (``create instance --bid_price``, ``change bid --price``). dstack's catalogue
+  (dstackai/gpuhunt ``providers/vastai.py``) takes ``dph_base`` + storage and ``min_bid`` as
+  the price of an item of ``gpu_count = num_gpus``, untouched. So a search with
+  ``num_gpus: {"eq": 4}`` answers 4-GPU slices at 4 x the per-GPU price; ``gpu_frac`` (the
+  slice's share of the machine) changes which offers match, not what a price means.
+- ``storage_cost``: $/GB/month of the instance's disk (``--price_disk``), per GB allocated,
+  not per GPU; ``inet_*_cost``: $/GB moved, not per GPU.
+- ``dlperf``, ``gpu_total_ram``, ``cpu_ram``: the whole slice; ``gpu_ram`` is per GPU.
 """
 
 from __future__ import annotations
@@ -151,7 +168,8 @@ class ChargeItem:
     """One category of a charge (`gpu`, `disk`, `bwd`, `bwu`).
 
     Vast gives quantity and rate only inside `description` (ref §6a); they are None when the
-    wording is not recognised. `rate` is USD per `rate_unit` (e.g. "hour", "GB", "GB-hour").
+    wording is not recognised. `rate` is USD per `rate_unit` (e.g. "hour", "GB", "GB-hour"); a
+    storage item in "hours" at $/"hour" is the whole disk's time and rate, not per GB.
     """
 
     type: str | None
@@ -405,6 +423,25 @@ def parse_instance(raw: Mapping[str, Any]) -> Instance:
     )
 
 
+# What a status_msg says when the host's container runtime could not create the container:
+# Docker's "OCI runtime create failed" (dstack's Vast backend, compute.py, fails a `created`
+# instance on it), the NVIDIA runtime's CDI and nvidia-container-cli errors inside it (a
+# recorded instance body: "... OCI runtime create failed: ... failed to inject CDI devices:
+# unresolvable CDI devices"). The host's fault, not the image's: a missing image or a failed
+# pull reads otherwise ("manifest ... not found", "error pulling image").
+_RUNTIME_FAILED = re.compile(
+    r"OCI runtime create failed|failed to inject CDI devices|unresolvable CDI devices"
+    r"|nvidia-container-cli: initialization error",
+    re.IGNORECASE,
+)
+
+
+def container_runtime_failed(status_msg: str | None) -> bool:
+    """Whether an instance's ``status_msg`` says the host's container runtime failed to create
+    the container: a host fault, which no restart or higher bid on that host fixes."""
+    return bool(_RUNTIME_FAILED.search(status_msg or ""))
+
+
 def instance_from_show(body: Any) -> Instance | None:
     """Show-one answer → `Instance`, or None when Vast says `{"instances": null}` (ref §4).
 
@@ -417,14 +454,17 @@ def instance_from_show(body: Any) -> Instance | None:
 
 
 _NUMBER = r"\d[\d,]*(?:\.\d+)?"
-# ref §6a: "96.000 hours at $0.389/hour"; also "12.3 GB downloaded at $0.0005/GB".
+# ref §6a: "96.000 hours at $0.389/hour"; also "12.3 GB downloaded at $0.0005/GB". Vast's
+# billing page words a storage item the same way, "0.9765233 hours at $0.018/hour": the hours
+# the disk existed, at a per-hour rate for the whole disk (not per GB).
 _QUANTITY_AT_RATE = re.compile(
     rf"^\s*(?P<quantity>{_NUMBER})\s*(?P<unit>[A-Za-z][\w-]*)(?:\s+[A-Za-z]+)*?"
     rf"\s+at\s+\$\s?(?P<rate>{_NUMBER})\s*(?:/|per\s+)\s*(?P<rate_unit>[\w/-]+)",
     re.IGNORECASE,
 )
-# Storage quoted per month: "10.0 GB for 2.500 hours at $0.150/GB/month" (the sandbox's wording;
-# Vast's own is undocumented, ref §6a). Read in our units: GB-hours at $/GB-hour (÷ 720).
+# Storage quoted per month: "10.0 GB for 2.500 hours at $0.150/GB/month" (the sandbox's wording
+# before it took Vast's; kept for charges imported then). Read in our units: GB-hours at
+# $/GB-hour (÷ 720).
 _STORAGE_AT_MONTHLY_RATE = re.compile(
     rf"^\s*(?P<gb>{_NUMBER})\s*GB\s+for\s+(?P<hours>{_NUMBER})\s*hours?"
     rf"\s+at\s+\$\s?(?P<rate>{_NUMBER})\s*/\s*GB\s*/\s*month",
@@ -576,8 +616,11 @@ def build_create_body(
     env: Mapping[str, str] | None,
     runtype: str,
     bid_usd_per_hour: float | None,
+    image_login: str | None = None,
 ) -> dict[str, Any]:
-    """The body of `PUT /asks/{id}/` (ref §3). A bid price is what makes it interruptible."""
+    """The body of `PUT /asks/{id}/` (ref §3). A bid price is what makes it interruptible;
+    IMAGE_LOGIN (docker login arguments, "-u USER -p TOKEN ghcr.io") lets the host pull a
+    private image, and is sent only when given."""
     body: dict[str, Any] = {
         "client_id": "me",
         "image": image,
@@ -591,6 +634,8 @@ def build_create_body(
         if not BID_MIN_USD <= bid_usd_per_hour <= BID_MAX_USD:
             raise ValueError(f"bid {bid_usd_per_hour} $/h is outside Vast's range 0.001 to 128")
         body["price"] = bid_usd_per_hour
+    if image_login:
+        body["image_login"] = image_login
     return body
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -24,11 +25,14 @@ from tests.sandbox_support import DEFAULT_KEY
 
 TOY = f"{sys.executable} {ROOT}/examples/toy/train.py"
 TOY_ENV = {"TOY_STEPS": "300", "TOY_CHECKPOINT_EVERY": "50", "TOY_STEP_SECONDS": "0.08"}
+# On demand, as the field report rented: these runs' prices and budgets are its rates (a job
+# that leaves `rental` out gets JobSpec's `auto`, which bids on this market).
 FIELD_REPORT_REQUIREMENTS = {
     "gpu_names": ["RTX 4090"],
     "min_reliability": 0.98,
     "min_inet_down_mbps": 500,
     "disk_gb": 20,
+    "rental": "on-demand",
 }
 
 
@@ -92,49 +96,53 @@ def sandbox(sandbox_factory, request):
     return sandbox_factory(*(marker.args if marker else ()))
 
 
-@pytest.fixture
-def supervisor(live_server, settings, sandbox, tmp_path, celery_worker_thread):
-    settings.SITE_URL = live_server.url
+def point_at_sandbox(settings, sandbox, tmp_path) -> None:
+    """The settings every e2e supervisor runs with: the sandbox as Vast, local storage, and the
+    backstops for lost messages acting within seconds, not production's 30 s / 2 min (a lost
+    rent message is sent again, an instance whose destroy message was lost is reaped)."""
     settings.STORAGE_BACKEND = "local"
     settings.STORAGE_LOCAL_DIR = tmp_path / "objects"
     settings.VAST_URL = sandbox.url
     settings.VAST_API_KEY = "sandbox-key"
     settings.PROVIDER_POLL_INTERVAL_S = 1.0
-    # The backstops for lost messages act within seconds here, not production's 30 s / 2 min:
-    # a lost rent message is sent again, an instance whose destroy message was lost is reaped.
     settings.RENT_NUDGE_AFTER_S = 2
     settings.ORPHAN_GRACE_S = 5
+
+
+@contextmanager
+def beating(task, every_s: float = 0.5):
+    """Stands in for celery beat: TASK every EVERY_S through the broker to the worker (beat's own
+    schedule is proven in test_celery_broker), until the block ends."""
     stop = threading.Event()
 
     def beat() -> None:
-        # Stands in for celery beat at a 0.5 s cadence: the ticks still go through the broker
-        # to the worker (beat's own schedule is proven in test_celery_broker).
-        while not stop.wait(0.5):
-            watchdog_tick.apply_async(expires=2)
+        while not stop.wait(every_s):
+            task.apply_async(expires=2)
 
-    ticker = threading.Thread(target=beat, daemon=True)
-    ticker.start()
-    yield Supervisor(sandbox, TeamFactory(slug="e2e"), UserFactory(username="e2e"))
-    stop.set()
-    ticker.join()
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+@pytest.fixture
+def supervisor(live_server, settings, sandbox, tmp_path, celery_worker_thread):
+    settings.SITE_URL = live_server.url
+    point_at_sandbox(settings, sandbox, tmp_path)
+    with beating(watchdog_tick):
+        yield Supervisor(sandbox, TeamFactory(slug="e2e"), UserFactory(username="e2e"))
 
 
 @pytest.fixture
 def enforcer(supervisor):
     """Stands in for beat's budget-enforce entry at the e2e cadence (through the broker)."""
-    from jobs.tasks import enforce_budgets
+    from billing.tasks import enforce_budgets
 
-    stop = threading.Event()
-
-    def beat() -> None:
-        while not stop.wait(0.5):
-            enforce_budgets.apply_async(expires=2)
-
-    thread = threading.Thread(target=beat, daemon=True)
-    thread.start()
-    yield
-    stop.set()
-    thread.join()
+    with beating(enforce_budgets):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -289,6 +289,53 @@ def test_a_gpu_fault_moves_the_job_to_another_machine(supervisor, fault, env):
     wait_released(supervisor, job)
 
 
+def gpus_of(attempt) -> list[dict]:
+    """The GPUs ATTEMPT's latest stored heartbeat listed."""
+    attempt.refresh_from_db(fields=["gpus"])
+    return attempt.gpus
+
+
+def test_one_gpu_of_a_two_gpu_host_falling_off_the_bus_moves_the_job_off_that_machine(
+    supervisor,
+):
+    env = SHORT
+    two_gpus = {**FIELD_REPORT_REQUIREMENTS, "num_gpus": 2}
+    job = submit(supervisor, env, requirements=two_gpus)
+    first = wait_running(job, 1)
+    wait_checkpoint(job, attempt=first, above=0)
+    wait_until(
+        lambda: [g["index"] for g in gpus_of(first)] == [0, 1],
+        timeout=30,
+        what="a heartbeat listing both GPUs of the host",
+    )
+    supervisor.sandbox.inject(first.instance_id, "gpu-fault", "lost:1")
+
+    interruption = wait_interruption(first, timeout=60)
+    assert interruption.cause == "gpu_fault"
+    # Named by its index, from the readings before it fell off the bus.
+    assert interruption.detail.startswith("GPU 1 (0000:02:00.0) is lost: GPU is lost."), (
+        interruption.detail
+    )
+    assert [(g["index"], bool(g["error"])) for g in gpus_of(first)] == [(1, True)]
+    second = wait_running(job, 2)
+    assert second.machine_id != first.machine_id
+    job.refresh_from_db()
+    assert first.machine_id in job.avoid_machine_ids
+    wait_until(
+        lambda: [g["index"] for g in gpus_of(second)] == [0, 1],
+        timeout=30,
+        what="the new host's heartbeat listing its two GPUs",
+    )
+    wait_until(
+        lambda: supervisor.sandbox.status(first.instance_id) is None,
+        timeout=30,
+        what="the faulty host to be destroyed",
+    )
+    wait_state(job, JobState.SUCCEEDED, timeout=90)
+    assert final_digest_of(job) == toy_digest(env)
+    wait_released(supervisor, job)
+
+
 # ---- 4. stalled training --------------------------------------------------------------------
 
 STALLING = (

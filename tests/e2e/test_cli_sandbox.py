@@ -76,7 +76,7 @@ def test_submit_follow_runs_the_toy_job_to_success_on_the_sandbox(
     assert steps == sorted(steps)
     assert steps[-1] == 300
     assert re.search(r"\] \d+/300 +\d+%  ETA \d+ s  running", out)
-    assert out.splitlines()[-1].startswith(f"job {job.pk} succeeded; spent $")
+    assert out.splitlines()[-1].startswith(f"job {job.pk} succeeded; cost $")
 
 
 def test_drill_destroys_the_host_and_reports_the_recovery(supervisor, live_server, admin_token):

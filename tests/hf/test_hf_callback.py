@@ -26,9 +26,9 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 import agent
 from agent.hf import NomadCallback
 from hosts import selection
-from jobs import renting
+from jobs import market_terms
 from jobs.lifecycle import submit_job
-from tests.agent_fake_supervisor import ROOT, FakeJob, FakeS3, FakeSupervisor, start_agent
+from tests.agent_fake_supervisor import ROOT, FakeJob, FakeSupervisor, start_agent
 from tests.test_agent_runtime import steps_seen, tar_members
 from tests.test_selection import load_market
 
@@ -205,25 +205,10 @@ def test_in_auto_mode_the_trainers_epoch_saves_are_dropped_but_the_last_one_stay
 
 
 def test_the_chat_template_path_learns_only_the_assistant_turn():
-    """The GPU path's data handling, on an in-memory byte-level tokenizer with a Qwen-style
-    chat template (the real tokenizer would be a download)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    backend = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>"
-    )
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
-    tokenizer.chat_template = (
-        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    )
+    """The GPU path's data handling, on train.py's in-memory byte-level tokenizer with a
+    Qwen-style chat template (the real tokenizer would be a download)."""
     qlora = load_train_module()
+    tokenizer = qlora.tiny_tokenizer()
     enc = qlora.chat_encoder(tokenizer)
     row = {"instruction": "Add the numbers.", "input": "3+5", "output": "8"}
 
@@ -243,11 +228,22 @@ def test_the_chat_template_path_learns_only_the_assistant_turn():
     assert data[0] == data[1] == qlora.encode_row(row, enc, max_length=300)
 
 
-@pytest.fixture(scope="module")
-def s3():
-    server = FakeS3()
-    yield server
-    server.close()
+def test_the_sft_path_learns_only_the_assistant_turn_too(one_thread, tmp_path):
+    """--trainer sft: TRL renders the prompt-completion rows with the chat template and masks
+    the prompt, so both trainers learn the same thing from a row."""
+    qlora = load_train_module()
+    options = qlora.parse_args(
+        [*TINY_FLAGS, "--trainer", "sft", "--steps", "1", "--output-dir", str(tmp_path)]
+    )
+    trainer = qlora.sft_trainer(options, callbacks=[])
+
+    example, row = trainer.train_dataset[0], qlora.synthetic_rows(qlora.TINY_ROWS, options.seed)[0]
+    ids, labels = example["input_ids"], example["labels"]
+    learnt = [i for i, label in zip(ids, labels, strict=True) if label != qlora.IGNORE]
+    decode = trainer.processing_class.decode
+    assert decode(ids).endswith(f"user\nAdd the numbers.\n\n{row['input']}<|im_end|>\n"
+                                f"<|im_start|>assistant\n{row['output']}<|im_end|>\n")  # fmt: skip
+    assert decode(learnt) == f"{row['output']}<|im_end|>\n"
 
 
 def test_trainer_checkpoints_are_uploaded_and_the_next_attempt_resumes_from_the_newest(
@@ -325,17 +321,21 @@ def test_without_tiny_and_without_a_gpu_it_says_so_before_downloading_anything(t
         qlora.main(["--steps", "1", "--output-dir", str(tmp_path)])
 
 
-def test_the_job_template_is_a_job_that_rents_like_the_field_report(cast):
+def test_the_job_file_is_a_job_that_rents_like_the_field_report(cast):
     fields = tomllib.loads((QLORA / "job.toml").read_text())
+    assert fields.pop("workdir") == "."  # the CLI packs the folder; the job stores its pack
     job = submit_job(team=cast.team_a, created_by=cast.member, now=timezone.now(), **fields)
 
     job.refresh_from_db()
-    assert job.command == "python /opt/qlora/train.py"
-    assert "COPY train.py /opt/qlora/train.py" in (QLORA / "Dockerfile").read_text()
+    assert job.image == "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"  # public, nothing baked
+    assert (job.setup, job.command) == ("pip install -r requirements.txt", "python train.py")
     assert (job.total_steps, job.env["QLORA_SAVE_STEPS"]) == (300, "50")
     offers, _ = load_market()
     decision = selection.choose_offer(
-        offers, renting.requirements_for(job), renting.profile_for(job), selection.SpeedBook()
+        offers,
+        market_terms.requirements_for(job),
+        market_terms.profile_for(job),
+        selection.SpeedBook(),
     )
     assert decision.chosen is not None
     assert decision.chosen.offer.gpu_name == "RTX 4090"

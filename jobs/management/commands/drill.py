@@ -31,4 +31,5 @@ class Command(BaseCommand):
                 f"replacement rented after {result.rented_s:.1f} s, "
                 f"training again after {result.running_again_s:.1f} s, "
                 f"resumed from step {result.resumed_step}"
+                + (f"; {result.resume_note}" if result.resume_note else "")
             )

@@ -1,0 +1,87 @@
+"""The supervisor's processes as real subprocesses, for tests that stop, kill or cut them: the web
+(``manage.py runserver``, as ``make run`` runs it, so ``nomadgpu.wsgi`` and its beacon load) and
+Celery workers. They share the test's database, broker and var dir (``tests.processes``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from tests.processes import ProcessGroup, celery_command, subprocess_env, wait_until
+from tests.s3_support import free_port
+
+
+class WebProcess:
+    """``manage.py runserver --noreload`` on a port of its own, stopped and started again on the
+    same port (a deploy, a crashed server)."""
+
+    def __init__(self, processes: ProcessGroup, env: dict[str, str]) -> None:
+        self.processes, self.env = processes, env
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self) -> WebProcess:
+        self.starts += 1
+        args = [sys.executable, "manage.py", "runserver", f"127.0.0.1:{self.port}", "--noreload"]
+        self.proc = self.processes.start(f"web-{self.starts}", args, self.env)
+        wait_until(self._answers, timeout=30, what="the web process to answer")
+        return self
+
+    def _answers(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            pytest.fail(f"the web process exited:\n{self.log()[-3000:]}")
+        try:
+            return httpx.get(f"{self.url}/login/", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self) -> None:
+        """Stop it as a deploy does (SIGTERM, then wait)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=15)
+        self.proc = None
+
+    def log(self) -> str:
+        return "\n".join(self.processes.log(f"web-{n}") for n in range(1, self.starts + 1))
+
+
+def worker_process(
+    processes: ProcessGroup, env: dict[str, str], *, name: str, queues: str = "celery"
+) -> subprocess.Popen:
+    """A Celery worker as the Procfile starts one (prefork, its own process group)."""
+    args = celery_command(
+        "worker", "-Q", queues, "--pool=prefork", "--concurrency=1", "-l", "INFO", "-n", name
+    )
+    return processes.start(name, args, env)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL a process and every process it started: nothing of it gets to clean up."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=15)
+
+
+def supervisor_env(settings, **overrides: str) -> dict[str, str]:
+    """The environment of a supervisor subprocess: the test's database and broker, and the
+    settings the test process runs its own parts with."""
+    return subprocess_env(
+        SITE_URL=settings.SITE_URL,
+        VAST_URL=settings.VAST_URL,
+        VAST_API_KEY=settings.VAST_API_KEY,
+        STORAGE_BACKEND="local",
+        STORAGE_LOCAL_DIR=str(settings.STORAGE_LOCAL_DIR),
+        WEB_BEACON_INTERVAL_S=str(settings.WEB_BEACON_INTERVAL_S),
+        PROVIDER_POLL_INTERVAL_S=str(settings.PROVIDER_POLL_INTERVAL_S),
+        ORPHAN_GRACE_S=str(settings.ORPHAN_GRACE_S),
+        RENT_NUDGE_AFTER_S=str(settings.RENT_NUDGE_AFTER_S),
+        LOG_LEVEL="INFO",
+        **overrides,
+    )

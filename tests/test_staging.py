@@ -1,0 +1,418 @@
+"""Staged model weights: ``stage`` entries checked at submit, mirrored once by a real Celery
+worker from a local fake Hub (tests/hub_fake.py) into the team's storage (local, or S3 on
+moto's server, encrypted), a missing or gated repo failing the job before any rent, and the
+real agent laying the files out in the Hugging Face cache for a command that runs offline."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+
+import pytest
+from django.utils import timezone
+
+from jobs import market_terms, spec, staging
+from jobs.models import Attempt, Job, JobEvent, JobState, StagedObject
+from nomadgpu.models import TeamSecret
+from nomadgpu.storage import object_store
+from tests import hub_fake
+from tests.factories import JobFactory, TeamFactory, UserFactory, make_attempt
+from tests.processes import ROOT, wait_until
+
+CONFIG = b'{"model_type": "qwen2", "hidden_size": 64}'
+TOKENIZER = b'{"version": "1.0", "model": {"type": "BPE"}}'
+# Over checkpoints.RANGED_MIN_SIZE (8 MiB): the agent fetches it over parallel ranged GETs.
+WEIGHTS = os.urandom(9 * 1024 * 1024 + 123)
+TINY = "org/tiny-model"
+GATED = "org/gated-model"
+
+
+def tiny_repo() -> hub_fake.Repo:
+    files = {"config.json": CONFIG, "tokenizer.json": TOKENIZER, "model.safetensors": WEIGHTS}
+    return hub_fake.Repo(files={**files, "README.md": b"# tiny"})
+
+
+@pytest.fixture
+def hub(settings):
+    fake = hub_fake.FakeHub(
+        repos={TINY: tiny_repo(), GATED: hub_fake.Repo(files={"config.json": CONFIG}, gated=True)}
+    )
+    with hub_fake.running(fake):
+        settings.HF_ENDPOINT = fake.url
+        yield fake
+
+
+@pytest.fixture
+def local_storage(settings, tmp_path):
+    settings.STORAGE_BACKEND = "local"
+    settings.STORAGE_LOCAL_DIR = tmp_path / "objects"
+
+
+def stage_spec(*entries: dict, **fields) -> spec.JobSpec:
+    return spec.JobSpec(
+        name="staged",
+        image="pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime",
+        command="true",
+        total_steps=10,
+        # No such GPU on the sandbox's market: the planned rent finds no offer, rents nothing.
+        requirements={"gpu_names": ["No Such GPU 9000"]},
+        stage=list(entries),
+        **fields,
+    )
+
+
+TINY_ENTRY = {"hf": TINY, "revision": "main", "files": ["*.json", "*.safetensors"]}
+
+
+def submit(team, *entries: dict, **fields) -> Job:
+    user = UserFactory()
+    return spec.submit_spec(stage_spec(*entries, **fields), team=team, created_by=user, now=now())
+
+
+def now():
+    return timezone.now()
+
+
+def wait_stage_state(job: Job, state: str, timeout: float = 30) -> Job:
+    wait_until(
+        lambda: Job.objects.get(pk=job.pk).stage_state == state,
+        timeout=timeout,
+        what=f"job {job.pk} staging {state}",
+    )
+    return Job.objects.get(pk=job.pk)
+
+
+# --- The spec -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("entry", "where", "words"),
+    [
+        ({"hf": "not-a-repo"}, "stage.0.hf.hf", "is not a Hugging Face repo id (ORG/NAME)"),
+        ({"model": "org/x"}, "stage.0", "either hf (a repo id) or url (with path)"),
+        ({"url": "https://example.org/f", "path": "../f"}, "stage.0.url.path", "without '..'"),
+        ({"url": "ftp://example.org/f", "path": "f"}, "stage.0.url.url", "should match"),
+        ({"hf": "org/x", "revison": "main"}, "stage.0.hf.revison", "Extra inputs"),
+    ],
+)
+def test_a_stage_entry_of_the_wrong_shape_is_refused_naming_its_field(entry, where, words):
+    with pytest.raises(spec.ValidationError) as caught:
+        stage_spec(entry)
+
+    errors = spec.error_messages(caught.value)
+    assert where in errors, errors
+    assert words in errors[where]
+
+
+def test_the_member_api_refuses_a_malformed_stage_entry_with_a_422(client, cast):
+    from nomadgpu import api_tokens
+
+    token = api_tokens.create_token(user=cast.member, name="t", now=now())[1]
+    body = {"name": "x", "image": "i", "command": "c", "stage": [{"hf": "nope"}]}
+
+    reply = client.post(
+        "/api/jobs/", body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}"
+    )
+
+    assert reply.status_code == 422
+    assert "is not a Hugging Face repo id" in reply.content.decode()
+
+
+# --- The mirror, on a real worker -------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_worker_mirrors_a_repo_into_storage_before_the_job_s_first_rent(
+    hub, local_storage, settings, sandbox, celery_worker_thread
+):
+    settings.VAST_URL, settings.VAST_API_KEY = sandbox.url, "sandbox-key"
+    team = TeamFactory()
+
+    job = submit(team, TINY_ENTRY)
+
+    assert job.stage_state == "staging"
+    job = wait_stage_state(job, "ready")
+    (obj,) = job.staged_objects.all()
+    assert obj.commit == hub.repos[TINY].commit
+    store = object_store(team)
+    stored = {f["path"]: store.open_read(f["key"]).read() for f in obj.files}
+    assert stored == {
+        "config.json": CONFIG,
+        "tokenizer.json": TOKENIZER,
+        "model.safetensors": WEIGHTS,
+    }
+    assert "README.md" not in stored  # not matched by the entry's globs
+    by_path = {f["path"]: f for f in obj.files}
+    assert by_path["model.safetensors"]["etag"] == hashlib.sha256(WEIGHTS).hexdigest()
+    assert by_path["config.json"]["etag"] == hub_fake.git_blob_id(CONFIG)
+    # Only then does the planner rent (here: no offer has that GPU).
+    wait_until(lambda: job.attempts.exists(), timeout=20, what="the rent planned after staging")
+    kinds = list(JobEvent.objects.filter(job=job).values_list("kind", flat=True))
+    assert kinds.index("staged") < kinds.index("renting")
+    assert (
+        staging.progress(job)["text"]
+        == f"staged: 3 of 3 files, {obj.bytes_total / 1e9:.2f} of {obj.bytes_total / 1e9:.2f} GB"
+    )
+    # The staged bytes are the cost model's model download, in place of the typed 0.
+    assert market_terms.profile_for(job).model_gb == pytest.approx(obj.bytes_total / 1024**3)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_second_job_with_the_same_entry_reuses_the_mirror(
+    hub, local_storage, settings, sandbox, celery_worker_thread
+):
+    settings.VAST_URL, settings.VAST_API_KEY = sandbox.url, "sandbox-key"
+    team = TeamFactory()
+    first = wait_stage_state(submit(team, TINY_ENTRY), "ready")
+    served = dict(hub.served)
+
+    second = wait_stage_state(submit(team, TINY_ENTRY), "ready")
+
+    assert hub.served == served  # not one byte fetched from the Hub again
+    assert list(second.staged_objects.all()) == list(first.staged_objects.all())
+    assert StagedObject.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        ({"hf": "org/no-such-model"}, "org/no-such-model does not exist on"),
+        ({"hf": TINY, "revision": "v9"}, "has no revision 'v9'"),
+        ({"hf": TINY, "files": ["*.gguf"]}, "has no file matching *.gguf"),
+        ({"hf": GATED}, "add HF_TOKEN (a token of an account that accepted its terms)"),
+    ],
+    ids=["missing-repo", "missing-revision", "no-matching-file", "gated-without-token"],
+)
+def test_an_entry_that_cannot_be_staged_fails_the_job_before_any_rent(
+    hub, local_storage, celery_worker_thread, entry, words
+):
+    job = submit(TeamFactory(), TINY_ENTRY, entry)
+
+    job = wait_stage_state(job, "failed")
+
+    assert job.state == JobState.FAILED
+    assert words in job.failure_reason
+    assert job.failure_reason.startswith("staging: ")
+    assert not Attempt.objects.filter(job=job).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_gated_repo_is_mirrored_with_the_team_s_hf_token_when_the_job_names_it(
+    hub, local_storage, settings, sandbox, celery_worker_thread
+):
+    settings.VAST_URL, settings.VAST_API_KEY = sandbox.url, "sandbox-key"
+    team = TeamFactory()
+    TeamSecret.objects.create(team=team, name="HF_TOKEN", value=hub.token)
+
+    job = wait_stage_state(submit(team, {"hf": GATED}, secrets=["HF_TOKEN"]), "ready")
+
+    (obj,) = job.staged_objects.all()
+    assert [f["path"] for f in obj.files] == ["config.json"]
+
+
+# --- The agent lays it out ----------------------------------------------------------------
+
+# The command: the snapshot's files are there, with the Hub's bytes, and nothing may go online.
+CHECK_CACHE = """
+import hashlib, os, sys
+from pathlib import Path
+assert os.environ["HF_HUB_OFFLINE"] == "1"
+repo = Path(os.environ["HF_HOME"]) / "hub" / "models--org--tiny-model"
+commit = (repo / "refs" / "main").read_text()
+snap = repo / "snapshots" / commit
+for name, digest in [a.split("=") for a in sys.argv[1:]]:
+    path = snap / name
+    assert path.is_symlink() and not os.path.isabs(os.readlink(path)), name
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest, name
+url_entry = Path(os.environ["NOMAD_STAGE_DIR"]) / "data" / "tokenizer.json"
+assert url_entry.read_bytes() == b'{"version": "1.0", "model": {"type": "BPE"}}'
+print("staged cache ok at", commit, flush=True)
+"""
+
+
+@pytest.fixture(params=["local", "s3"])
+def backend(request, settings, live_server, tmp_path):
+    settings.SITE_URL = live_server.url
+    if request.param == "local":
+        settings.STORAGE_BACKEND = "local"
+        settings.STORAGE_LOCAL_DIR = tmp_path / "objects"
+        return request.param
+    bucket = request.getfixturevalue("s3_bucket")
+    settings.STORAGE_BACKEND = "s3"
+    settings.S3_BUCKET = bucket["bucket"]
+    settings.S3_ENDPOINT_URL = bucket["endpoint_url"]
+    settings.S3_ACCESS_KEY_ID = bucket["access_key_id"]
+    settings.S3_SECRET_ACCESS_KEY = bucket["secret_access_key"]
+    settings.S3_REGION = bucket["region"]
+    return request.param
+
+
+def staged_job(encrypted: bool, command: str, *more: dict) -> Job:
+    """A job whose TINY_ENTRY is mirrored (the worker's function, called here directly)."""
+    from nomadgpu.crypto import new_data_key
+
+    job = JobFactory(
+        state=JobState.QUEUED,
+        command=command,
+        stage=[TINY_ENTRY, *more],
+        stage_state="staging",
+        encrypt_checkpoints=encrypted,
+        data_key=new_data_key() if encrypted else "",
+        heartbeat_interval_s=1,
+    )
+    assert staging.stage_job(job.pk, now=now()) == "ready"
+    # The rent planned after staging is this test's own host instead.
+    Attempt.objects.filter(job=job).delete()
+    Job.objects.filter(pk=job.pk).update(state=JobState.QUEUED)
+    return Job.objects.get(pk=job.pk)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted"])
+def test_the_agent_lays_out_the_hf_cache_and_the_command_finds_it_offline(
+    hub, backend, encrypted, live_server, tmp_path, monkeypatch
+):
+    monkeypatch.setattr("jobs.lifecycle.send_task", lambda *a: None)
+    script = tmp_path / "check.py"
+    script.write_text(CHECK_CACHE)
+    digests = [
+        f"{name}={hashlib.sha256(data).hexdigest()}"
+        for name, data in [("config.json", CONFIG), ("model.safetensors", WEIGHTS)]
+    ]
+    # A URL entry too (here a file the fake Hub serves), for $NOMAD_STAGE_DIR.
+    url = {"url": f"{hub.url}/{TINY}/resolve/main/tokenizer.json", "path": "data/tokenizer.json"}
+    job = staged_job(encrypted, f"{sys.executable} {script} {' '.join(digests)}", url)
+    obj = job.staged_objects.get(kind="hf")
+    assert job.staged_objects.count() == 2
+    stored = object_store(job.team).open_read(obj.files[0]["key"]).read()
+    assert (stored[:4] == b"NGCK") is encrypted
+    attempt, token = make_attempt(job, state="starting")
+
+    result = run_agent(live_server, token, tmp_path / "host")
+
+    attempt.refresh_from_db()
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "staged cache ok at " + obj.commit in attempt.log_tail
+    assert attempt.stage_done_at is not None
+    blobs = tmp_path / "host" / "hf" / "hub" / "models--org--tiny-model" / "blobs"
+    assert (blobs / hashlib.sha256(WEIGHTS).hexdigest()).read_bytes() == WEIGHTS
+
+
+def run_agent(live_server, token: str, workdir) -> subprocess.CompletedProcess:
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "NOMAD_SUPERVISOR_URL": live_server.url,
+        "NOMAD_AGENT_TOKEN": token,
+        "NOMAD_WORKDIR": str(workdir),
+        "PYTHONPATH": str(ROOT),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "agent"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+# --- Waiting for it ------------------------------------------------------------------------
+
+
+def staging_job(**fields) -> Job:
+    return JobFactory(state=JobState.QUEUED, stage=[TINY_ENTRY], stage_state="staging", **fields)
+
+
+def test_the_planner_rents_nothing_for_a_job_still_staging(db):
+    from jobs import lifecycle, watchdog
+
+    job = staging_job()
+
+    assert job.pk not in watchdog.jobs_needing_a_host(now())
+    assert lifecycle.plan_rent(job.pk, now=now()) is None
+    assert not job.attempts.exists()
+
+
+def test_the_job_page_and_the_member_api_show_the_staging_progress(client, cast):
+    from nomadgpu import api_tokens
+
+    job = staging_job(team=cast.team_a)
+    obj = StagedObject.objects.create(
+        team=cast.team_a, kind="hf", source="hf:x", files_total=4, files_done=1,
+        bytes_total=4_000_000_000, bytes_done=1_500_000_000,
+    )  # fmt: skip
+    job.staged_objects.add(obj)
+    client.force_login(cast.member)
+    token = api_tokens.create_token(user=cast.member, name="t", now=now())[1]
+
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    api = client.get(f"/api/jobs/{job.pk}", HTTP_AUTHORIZATION=f"Bearer {token}").json()
+
+    assert "staging: 1 of 4 files, 1.50 of 4.00 GB" in page
+    assert "rents a host once they are in the team" in page
+    assert api["stage"]["state"] == "staging"
+    assert (api["stage"]["bytes_done"], api["stage"]["bytes_total"]) == (1_500_000_000, 4 * 10**9)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_watchdog_sends_a_lost_stage_task_again(
+    hub, local_storage, settings, sandbox, celery_worker_thread
+):
+    from jobs.tasks import watchdog_tick
+
+    settings.VAST_URL, settings.VAST_API_KEY = sandbox.url, "sandbox-key"
+    settings.STAGE_NUDGE_AFTER_S = 0
+    # Staging, but its task was never sent (a lost message). No offer has its GPU.
+    job = staging_job(requirements={"gpu_names": ["No Such GPU 9000"]})
+    team = job.team
+
+    watchdog_tick.delay()
+
+    job = wait_stage_state(job, "ready")
+    assert job.staged_objects.get().team == team
+
+
+# --- The portal's form ---------------------------------------------------------------------
+
+
+def toy_form(**overrides):
+    from portal.forms import spec_to_initial
+
+    data = {**spec_to_initial(spec.template_spec("toy")), "team": "team-a", **overrides}
+    data["verified_only"] = "on"
+    return data
+
+
+def test_the_new_job_form_takes_stage_entries_one_per_line(
+    client, cast, django_capture_on_commit_callbacks
+):
+    client.force_login(cast.member)
+    lines = '{hf = "org/tiny-model", revision = "main", files = ["*.json"]}\n'
+    lines += '{url = "https://example.org/train.jsonl", path = "data/train.jsonl"}\n'
+
+    with django_capture_on_commit_callbacks() as callbacks:
+        response = client.post("/jobs/new/", toy_form(stage=lines))
+
+    job = Job.objects.get()
+    assert response.status_code == 302
+    assert job.stage == [
+        {"hf": "org/tiny-model", "revision": "main", "files": ["*.json"]},
+        {"url": "https://example.org/train.jsonl", "path": "data/train.jsonl"},
+    ]
+    assert job.stage_state == "staging"
+    assert callbacks  # the stage task is sent once the submit commits
+
+
+def test_the_new_job_form_names_a_stage_line_it_cannot_read(client, cast):
+    client.force_login(cast.member)
+
+    bad_line = client.post("/jobs/new/", toy_form(stage="hf = nope"))
+    bad_repo = client.post("/jobs/new/", toy_form(stage='{hf = "nope"}'))
+
+    assert "line 1 is not an entry like" in bad_line.context["form"].errors["stage"][0]
+    assert "is not a Hugging Face repo id" in bad_repo.context["form"].errors["stage"][0]
+    assert not Job.objects.exists()
