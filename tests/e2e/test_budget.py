@@ -55,8 +55,10 @@ def test_a_job_reaching_its_budget_checkpoints_is_released_and_resumes(
     kept = Checkpoint.objects.filter(job=job, state="ready").order_by("-step").first()
     paused = job.events.get(kind="budget_paused")
     assert kept is not None
-    assert kept.ready_at >= pause.requested_at  # the checkpoint asked for, not a periodic one
-    assert kept.step % 100 != 0
+    # The checkpoint asked for, not one from before the pause. A periodic save that lands on
+    # the request's step, or was still uploading when it came, answers it too (as
+    # `answer_to_request` counts it), so the step may be a multiple of 100: CI once kept 100.
+    assert kept.ready_at >= pause.requested_at
     assert "job limit $0.01" in paused.message
     assert paused.data["checkpoint_step"] == kept.step
     wait_until(
