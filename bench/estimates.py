@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import random
 import shlex
-import shutil
 import sys
 import tempfile
 import time
@@ -48,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.recovery import Installation, Timing, configure, wait_for  # noqa: E402
-from bench.support import line, percentile  # noqa: E402
+from bench.support import keep_or_remove, line, percentile  # noqa: E402
 
 GOAL_P50, GOAL_P90 = 0.10, 0.25
 IMAGE = "pytorch/pytorch:2.4.0-cuda12.4-cudnn9-runtime"
@@ -334,10 +333,7 @@ def main() -> int:
         report(runs, args.seed)
     finally:
         installation.stop()
-        if args.keep:
-            print(f"kept {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        keep_or_remove(tmp, keep=args.keep)
     return 0
 
 

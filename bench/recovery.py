@@ -42,7 +42,6 @@ import argparse
 import base64
 import logging
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -56,7 +55,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.support import line  # noqa: E402
+from bench.support import keep_or_remove, line  # noqa: E402
 
 PRODUCTION_HEARTBEAT_S = 15.0  # the job's default heartbeat interval
 PRODUCTION_POLL_S = 10.0  # PROVIDER_POLL_INTERVAL_S
@@ -456,10 +455,7 @@ def run_detection(args: argparse.Namespace) -> float:
         detection = median([d.since_break(d.detected_at) for d in destroys]) * timing.scale
     finally:
         installation.stop()
-        if args.keep:
-            print(f"kept {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        keep_or_remove(tmp, keep=args.keep)
     return detection
 
 

@@ -53,9 +53,8 @@ class Heartbeat:
     log_tail: str
     net_rx_bytes: int | None = None  # None: not reported (an older agent); the stored value stays
     net_tx_bytes: int | None = None
-    gpus: list[dict] = dataclasses.field(
-        default_factory=list
-    )  # per GPU (agent_api.GpuIn), as stored
+    # Per GPU (agent_api.GpuIn), as stored.
+    gpus: list[dict] = dataclasses.field(default_factory=list)
 
 
 def load_for_heartbeat(prefix: str) -> Attempt | None:

@@ -57,7 +57,7 @@ class Ingest:
 
 
 def read_ingest() -> Ingest:
-    """The web's beacon and the newest outages, in two queries."""
+    """The web's beacon, the last outage that ended and the one still open: three queries."""
     beacon = ServiceHeartbeat.objects.filter(name=WEB).values_list("last_seen_at", flat=True)
     ended = IngestOutage.objects.exclude(ended_at=None).order_by("-ended_at")
     return Ingest(

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 import statistics
+import sys
+from pathlib import Path
 
 
 def line(figure: str, value: str, baseline: str, ratio: float) -> str:
@@ -15,3 +18,11 @@ def percentile(values: list[float], pct: int) -> float:
     if len(values) == 1:
         return values[0]
     return statistics.quantiles(values, n=100, method="inclusive")[pct - 1]
+
+
+def keep_or_remove(tmp: Path, *, keep: bool) -> None:
+    """A bench's folder when it ends: kept and named (``--keep``), or removed."""
+    if keep:
+        print(f"kept {tmp}", file=sys.stderr)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)

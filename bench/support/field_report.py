@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import sys
 import tempfile
@@ -73,7 +72,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.recovery import Installation, configure, wait_for  # noqa: E402
+from bench.recovery import Installation, configure, p90, wait_for  # noqa: E402
+from bench.recovery import median as p50  # noqa: E402
+from bench.support import keep_or_remove  # noqa: E402
 
 SCALE = 0.02  # sandbox time scale: 1 wall second = 50 production seconds
 BYTE_SCALE = 0.001  # a thousandth of every byte, on links a thousandth as wide
@@ -618,16 +619,6 @@ def run_drills(installation, drills: int, detection_s: float, *, quick: bool = F
 # ---- figures -----------------------------------------------------------------------------------
 
 
-def p50(values: list[float]) -> float:
-    return statistics.median(values)
-
-
-def p90(values: list[float]) -> float:
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=10, method="inclusive")[8]
-
-
 def market_standby_usd_per_h() -> tuple[float, float]:
     """The interruptible min_bid of a 1-GPU RTX 4090 at 500-2,000 Mbit/s, reliability >= 0.98:
     the cheapest and the median (what a standby rented at min_bid pays per hour)."""
@@ -899,10 +890,7 @@ def main() -> int:
         report(run_drills(installation, args.drills, args.detection_s, quick=args.quick))
     finally:
         installation.stop()
-        if args.keep:
-            print(f"kept {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        keep_or_remove(tmp, keep=args.keep)
     return 0
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-import time
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +36,7 @@ def hold_after(step: int) -> Any:
         def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if state.global_step == step:
                 print(f"holding after checkpoint {step}", flush=True)
-                while True:
-                    time.sleep(1)
+                threading.Event().wait()  # for good: nothing ever sets it
 
     return Hold()
 

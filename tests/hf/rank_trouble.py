@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-import time
+import threading
 from typing import Any
 
 from hold_after_checkpoint import load_train
@@ -27,8 +27,7 @@ def trouble(mode: str, step: int) -> Any:
             if mode == "crash":
                 raise RuntimeError(f"rank 1 fails at step {step} on purpose")
             print(f"rank 1 hangs at step {step}", flush=True)
-            while True:
-                time.sleep(1)
+            threading.Event().wait()  # for good: nothing ever sets it
 
     return Trouble()
 
