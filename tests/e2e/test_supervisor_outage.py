@@ -9,6 +9,7 @@ timeouts.
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import httpx
@@ -18,8 +19,9 @@ from django.utils import timezone
 
 from jobs.models import Attempt, Interruption, JobState
 from jobs.tasks import watchdog_tick
+from nomadgpu import ingest
 from nomadgpu.celery import app
-from nomadgpu.models import IngestOutage
+from nomadgpu.models import IngestOutage, ServiceHeartbeat
 from tests.e2e.conftest import (
     InstanceWatch,
     Supervisor,
@@ -101,6 +103,49 @@ def cut_lasted(down_at, up_at) -> float:
     return (up_at - down_at).total_seconds()
 
 
+class StoredMoments:
+    """Reads, every 20 ms in a thread, the beats stored for ATTEMPT_ID, the web's beacons and
+    the start of each watchdog pass (their ``ServiceHeartbeat``s): what a pass could know, and
+    when passes ran."""
+
+    def __init__(self, attempt_id: int) -> None:
+        self.attempt_id = attempt_id
+        self.beats: set = set()
+        self.passes: set = set()
+        self.beacons: set = set()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        try:
+            while not self.stop.wait(0.02):
+                beat = Attempt.objects.filter(pk=self.attempt_id).values_list(
+                    "last_heartbeat_at", flat=True
+                )
+                self.beats.update(b for b in beat if b is not None)
+                ran = ServiceHeartbeat.objects.filter(name="watchdog")
+                self.passes.update(ran.values_list("last_seen_at", flat=True))
+                web = ServiceHeartbeat.objects.filter(name=ingest.WEB)
+                self.beacons.update(web.values_list("last_seen_at", flat=True))
+        finally:
+            connection.close()
+
+    def beacon_fresh_at(self, moment) -> bool:
+        """Whether a pass starting at MOMENT could see a beacon no older than the outage gap
+        (``silence.beacon_late``); one written just after MOMENT counts, as a pass reads the
+        beacon a little after it starts."""
+        late = moment - ingest.gap()
+        return any(late <= b <= moment + timedelta(seconds=0.5) for b in self.beacons)
+
+    def __enter__(self) -> StoredMoments:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+
+
 def status_page(web: WebProcess) -> str:
     return httpx.get(f"{web.url}/status/e2e/", timeout=10).raise_for_status().text
 
@@ -146,27 +191,54 @@ def test_a_host_that_froze_during_an_outage_is_found_once_ingest_returns(web_sta
     frozen_job, healthy_job = submit(supervisor), submit(supervisor)
     training([frozen_job, healthy_job])
     frozen = frozen_job.attempts.get(number=1)
+    healthy = healthy_job.attempts.get(number=1)
+    interval = timedelta(seconds=frozen_job.heartbeat_interval_s)
 
-    web.stop()
-    down_at = timezone.now()
-    supervisor.sandbox.inject(frozen.instance_id, "freeze")  # really gone, not just unheard
-    wait_until(
-        lambda: all_silent_for([frozen_job, healthy_job], OUTAGE_TIMEOUTS * TIMEOUT_S),
-        timeout=60,
-        what="every agent to be silent for several heartbeat timeouts",
-    )
-    up_at = timezone.now()
-    web.start()
-
-    lost = wait_interruption(frozen, timeout=60)
+    with StoredMoments(healthy.pk) as stored:
+        web.stop()
+        down_at = timezone.now()
+        supervisor.sandbox.inject(frozen.instance_id, "freeze")  # really gone, not just unheard
+        wait_until(
+            lambda: all_silent_for([frozen_job, healthy_job], OUTAGE_TIMEOUTS * TIMEOUT_S),
+            timeout=60,
+            what="every agent to be silent for several heartbeat timeouts",
+        )
+        up_at = timezone.now()
+        web.start()
+        lost = wait_interruption(frozen, timeout=60)
     outage = outage_over(down_at, up_at)
     assert lost.cause == "heartbeat_timeout"
-    # Its silence counted from the moment ingest worked again, plus the one interval a backing
-    # off agent gets to retry: found within its usual timeout of that, plus a tick and a beat
-    # of the healthy agent that proves the path.
+    # Its silence is counted from the moment ingest worked again (the newest outage that ended
+    # before the pass: under load a late beacon can record a short one after the test's own),
+    # plus the one interval a backing-off agent gets to retry (``jobs.silence``): never a loss
+    # before that plus its usual timeout.
+    ended = IngestOutage.objects.filter(ended_at__lte=lost.detected_at).order_by("-ended_at")
+    counted_from = ended.values_list("ended_at", flat=True).first() + interval
+    assert counted_from >= outage.ended_at + interval
+    assert lost.detected_at >= counted_from + timedelta(seconds=TIMEOUT_S)
+    # And found as soon as the rule allows: once that timeout passed and the healthy agent's
+    # beat, stored after the frozen one's next beat was due, proves the path works. Passes
+    # that saw the web's beacon late are held by the rule (the outage's end may not be known
+    # yet). The pass that finds it is the first other to start after both, or the next one (a
+    # beat stored with an earlier time can commit after a pass read the beats). Measured,
+    # not a fixed allowance: on a loaded machine the healthy agent's first beats after the
+    # outage, the beacon and the passes all come late.
+    proof = min(b for b in stored.beats if b >= counted_from + interval)
+    allowed_at = max(counted_from + timedelta(seconds=TIMEOUT_S), proof)
+    passes_after = sorted(
+        t
+        for t in stored.passes | {lost.detected_at}
+        if t >= allowed_at and (t == lost.detected_at or stored.beacon_fresh_at(t))
+    )
+    assert lost.detected_at in passes_after[:2], (
+        f"allowed at {allowed_at}, lost at {lost.detected_at}, passes {passes_after[:3]}, "
+        f"outages {list(IngestOutage.objects.values('cause', 'started_at', 'ended_at'))}"
+    )
     after_return = (lost.detected_at - outage.ended_at).total_seconds()
-    assert TIMEOUT_S + 1 <= after_return <= TIMEOUT_S + 1 + 2.5, after_return
-    print(f"frozen during the outage: lost {after_return:.2f} s after ingest returned")
+    print(
+        f"frozen during the outage: lost {after_return:.2f} s after ingest returned; the rule "
+        f"allowed it at {(allowed_at - outage.ended_at).total_seconds():.2f} s"
+    )
     wait_state(healthy_job, JobState.SUCCEEDED, timeout=120)
     wait_state(frozen_job, JobState.SUCCEEDED, timeout=120)
     assert healthy_job.attempts.count() == 1
