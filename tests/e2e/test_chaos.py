@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from hosts.vast import ProviderUnreachable, VastClient
 from jobs import lifecycle, renting
-from jobs.models import Checkpoint, Interruption, JobEvent, JobState
+from jobs.models import AttemptState, Checkpoint, Interruption, JobEvent, JobState
 from nomadgpu.models import ServiceHeartbeat
 from nomadgpu.storage import object_store
 from tests.e2e.conftest import (
@@ -552,7 +552,10 @@ def test_recovery_completes_through_a_429_storm(supervisor, settings):
 def test_the_reconciler_destroys_a_stray_labelled_instance_and_nothing_else(supervisor, settings):
     settings.ORPHAN_GRACE_S = 1
     sandbox = supervisor.sandbox
-    job = submit(supervisor, SHORT)
+    # Training outlasts the reaping and the ticks after it even on a loaded machine (CI once
+    # saw SHORT's ~4 s finish first, its host then destroyed as a finished job's is), so the
+    # job's own host is seen still running, untouched.
+    job = submit(supervisor, toy_env(steps=500, every=50, step_seconds=0.04))  # ~20 s
     attempt = wait_running(job, 1)
 
     free = [offer["id"] for offer in sandbox.search({"limit": 20})]
@@ -568,8 +571,10 @@ def test_the_reconciler_destroys_a_stray_labelled_instance_and_nothing_else(supe
     wait_ticks(3)
     assert sandbox.status(not_ours) is not None
     assert sandbox.status(other_env) is not None
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.RUNNING, attempt.state  # still training: a real check
     assert sandbox.status(attempt.instance_id) == "running"  # the job's own host is untouched
-    wait_state(job, JobState.SUCCEEDED, timeout=60)
+    wait_state(job, JobState.SUCCEEDED, timeout=90)
     assert job.attempts.count() == 1
     wait_released(supervisor, job)
     assert sandbox.status(not_ours) is not None
