@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from jobs.models import Attempt, Interruption, JobState
 from jobs.tasks import watchdog_tick
+from jobs.watchdog import WATCHDOG
 from nomadgpu import ingest
 from nomadgpu.celery import app
 from nomadgpu.models import IngestOutage, ServiceHeartbeat
@@ -123,10 +124,9 @@ class StoredMoments:
                     "last_heartbeat_at", flat=True
                 )
                 self.beats.update(b for b in beat if b is not None)
-                ran = ServiceHeartbeat.objects.filter(name="watchdog")
-                self.passes.update(ran.values_list("last_seen_at", flat=True))
-                web = ServiceHeartbeat.objects.filter(name=ingest.WEB)
-                self.beacons.update(web.values_list("last_seen_at", flat=True))
+                services = ServiceHeartbeat.objects.filter(name__in=(WATCHDOG, ingest.WEB))
+                for name, seen in services.values_list("name", "last_seen_at"):
+                    (self.passes if name == WATCHDOG else self.beacons).add(seen)
         finally:
             connection.close()
 
