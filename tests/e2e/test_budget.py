@@ -12,6 +12,7 @@ from billing.models import BudgetPause
 from billing.spend import job_spend
 from jobs.lifecycle import resume_job
 from jobs.models import Checkpoint, Job, JobState
+from nomadgpu.models import ServiceHeartbeat
 from tests.e2e.conftest import (
     FIELD_REPORT_REQUIREMENTS,
     live_instances,
@@ -58,7 +59,12 @@ def test_a_job_reaching_its_budget_checkpoints_is_released_and_resumes(
     # The checkpoint asked for, not one from before the pause. A periodic save that lands on
     # the request's step, or was still uploading when it came, answers it too (as
     # `answer_to_request` counts it), so the step may be a multiple of 100: CI once kept 100.
-    assert kept.ready_at >= pause.requested_at
+    assert kept.ready_at >= pause.requested_at, (
+        BudgetPause.objects.filter(pk=pause.pk).values().get(),
+        list(Checkpoint.objects.filter(job=job).values("step", "state", "created_at", "ready_at")),
+        list(job.events.values_list("created_at", "kind", "message")),
+        list(ServiceHeartbeat.objects.values()),  # the budget pass's recent gaps
+    )
     assert "job limit $0.01" in paused.message
     assert paused.data["checkpoint_step"] == kept.step
     wait_until(
