@@ -1,5 +1,5 @@
 """Production configuration: check --deploy passes, docker-compose names real entry points and
-only variables that settings reads, and the README documents every variable."""
+only variables that settings reads, and docs/configuration.md documents every variable."""
 
 from __future__ import annotations
 
