@@ -110,6 +110,8 @@ def startup_hours(
 
 
 def billing_inputs(offer: Offer) -> tuple[float, float, float, float, float]:
+    """(GPU $/h, storage $/GB/h, download $/GB, upload $/GB, download Mbit/s) of OFFER;
+    ``CannotEstimate`` when one is missing or the bandwidth is 0."""
     values = (
         offer.dph_base,
         offer.storage_usd_per_gb_hour,

@@ -1,8 +1,8 @@
 """Which offers a job may rent: the requirement rules, checked in order, and why an offer failed.
 
 Each rule names what it checks; an offer is turned away under the first rule it fails, with a
-line for the job page (``Rejection``). ``ranking`` adds three rules of its own once an offer is
-priced: no speed estimate, no acceptable bid, a contract that ends too soon.
+line for the job page (``Rejection``). ``ranking`` adds three rules of its own for an offer that
+passes these: no speed estimate, no acceptable bid, a contract that ends too soon.
 """
 
 from __future__ import annotations

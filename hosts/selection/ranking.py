@@ -40,6 +40,8 @@ def rank_with_rejections(
     rates: PreemptionRates | None = None,
     images: ImageCache = NO_IMAGE_CACHE,
 ) -> tuple[list[Ranked], list[Rejection]]:
+    """``rank_offers``'s list, and a ``Rejection`` for every offer turned away: the filter
+    rules, then no speed estimate, no acceptable bid, a contract that ends too soon."""
     book = (speeds or SpeedBook()).with_market(offers, req.num_gpus)
     rates = rates or PreemptionRates()
     kept, rejected = filter_offers(offers, req)
