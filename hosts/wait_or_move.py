@@ -4,9 +4,9 @@ A Vast instance survives its host's reboot with its disk: the host shows ``offli
 computes that status while the host daemon is disconnected) and, when it reconnects, the
 instance's own status is shown again and its container restarts with the image, the job's
 code, its setup and its local checkpoints still on disk (Vast's ``instance_online`` webhook,
-vast-ai/docs ``webhooks``; a host cannot delete a renter's instance, see
-``shared/notes/vast-real-api-audit.md`` #15). While offline nothing is billed but traffic
-(``shared/vast-api.md`` §7: no GPU and no storage charge for that period).
+vast-ai/docs ``webhooks``; a host cannot delete a renter's instance, as Vast's own staff say in
+cloud-gpus/cloud-gpus.github.io PR #13). While offline nothing is billed but traffic
+(docs/vast-api.md §7: no GPU and no storage charge for that period).
 
 So waiting costs time, not money, until the host is back; moving costs a whole start-up on
 another machine (rent, image pull, model download, checkpoint restore, container start). Both

@@ -23,13 +23,13 @@ from hosts.selection import (
     choose_offer,
     estimate_cost,
     filter_offers,
-    first_failed_rule,
     job_dph_total,
     rank_offers,
-    seconds_per_step,
     transfer_hours,
     vast_query,
 )
+from hosts.selection.filters import first_failed_rule
+from hosts.selection.speed import seconds_per_step
 from hosts.vast import Offer, build_search_body, parse_offer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -295,9 +295,9 @@ def test_an_offer_whose_contract_ends_before_the_job_could_is_refused():
 
 
 def rank_rejections(offers, profile):
-    from hosts.selection import _rank_with_rejections
+    from hosts.selection.ranking import rank_with_rejections
 
-    return _rank_with_rejections(offers, Requirements(rental=ON_DEMAND), profile, None)[1]
+    return rank_with_rejections(offers, Requirements(rental=ON_DEMAND), profile, None)[1]
 
 
 def test_an_offer_with_no_way_to_estimate_its_speed_is_rejected_as_unknown_speed():

@@ -64,7 +64,7 @@ def test_an_instance_price_reads_whole_with_its_per_gpu_price_beside_it():
 
 def test_the_sandbox_prices_a_4_gpu_offer_whole_as_vast_does(sandbox):
     """Vast: a slice of a machine is offered at the host's per-GPU price times its count, and
-    ``dph_total`` adds the instance's storage (hosts/vast/parsing.py has the sources). The
+    ``dph_total`` adds the instance's storage (hosts/vast/parsing/prices.py has the sources). The
     sandbox serves the market file's whole-instance prices untouched, at any query."""
     with VastClient("sandbox-key", sandbox.url) as vast:
         offers = vast.search_offers(

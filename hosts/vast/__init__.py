@@ -1,11 +1,13 @@
 """The Vast.ai REST client: the only code in NomadGPU that talks to Vast (or the sandbox).
 
 A small httpx client; the official ``vastai`` package is not a dependency. Every quirk handled
-here cites the shared reference ``shared/vast-api.md`` as "ref §N". By concern, bottom up:
+here cites the Vast API reference ``docs/vast-api.md`` by section ("docs/vast-api.md §N"). By
+concern, bottom up:
 
 - ``errors``: ``VastError`` and its subclasses, and ``error_for`` (an error answer → its class).
 - ``parsing``: the typed results (``Offer``, ``Instance``, ``Charge``, ...) in one unit
-  convention (its docstring has the table), their parsers, and the pure request-body builders.
+  convention (``parsing/values.py`` has the table), their parsers, and the pure request-body
+  builders; one file per thing parsed (its ``__init__`` lists them).
 - ``transport``: ``RetryPolicy`` and ``RetryTransport``: backoff, wait hints, create's penalty.
 - ``client``: ``VastClient`` and its ``from_settings`` factory.
 

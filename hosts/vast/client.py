@@ -3,8 +3,7 @@
 Methods return the typed results of ``parsing`` and raise the errors of ``errors``; the retries
 happen underneath, in ``transport``. ``create_instance`` is never retried unless the request
 provably did not reach Vast (see its docstring). ``VastClient.from_settings`` is the factory
-that reads Django settings, and the only place this package touches Django. "ref §N" cites the
-shared reference ``shared/vast-api.md``.
+that reads Django settings, and the only place this package touches Django.
 """
 
 from __future__ import annotations
@@ -41,8 +40,6 @@ from hosts.vast.parsing import (
     Offer,
     StateChange,
     VastUser,
-    _int,
-    _str,
     build_create_body,
     build_search_body,
     encode_params,
@@ -55,6 +52,7 @@ from hosts.vast.parsing import (
     parse_offer,
     parse_user,
 )
+from hosts.vast.parsing.values import int_or_none, str_or_none
 from hosts.vast.transport import (
     RETRY_EXTENSION,
     RETRY_SAFE,
@@ -138,7 +136,7 @@ class VastClient:
         retry: str = RETRY_SAFE,
     ) -> Any:
         if body is None and method != "GET":
-            body = {}  # ref §1: the SDK sends {} when it has nothing else to send
+            body = {}  # docs/vast-api.md §1: the SDK sends {} when it has nothing else to send
         request = self._http.build_request(
             method,
             path,
@@ -155,7 +153,8 @@ class VastClient:
         return _decode(response)
 
     def _pages(self, path: str, params: Mapping[str, Any], key: str) -> Iterator[Mapping]:
-        """Every row of a keyset-paginated list (`next_token` → `after_token`, ref §4/§6)."""
+        """Every row of a keyset-paginated list (`next_token` → `after_token`,
+        docs/vast-api.md §4/§6)."""
         token, seen = None, set()
         while True:
             page = dict(params) if token is None else {**params, "after_token": token}
@@ -180,7 +179,7 @@ class VastClient:
         allocated_storage: float | None = None,
         no_default: bool = False,
     ) -> list[Offer]:
-        """Search the market (`POST /api/v0/bundles/`, ref §2).
+        """Search the market (`POST /api/v0/bundles/`, docs/vast-api.md §2).
 
         ``query`` uses Vast's language, e.g. ``{"gpu_name": {"eq": "RTX 4090"}}``; ``type`` is
         "on-demand", "bid" or "interruptible". Unless ``no_default``, only verified, rentable,
@@ -211,7 +210,8 @@ class VastClient:
         bid_usd_per_hour: float | None = None,
         image_login: str | None = None,
     ) -> CreatedInstance:
-        """Rent an offer (`PUT /api/v0/asks/{id}/`, ref §3); interruptible iff a bid is given.
+        """Rent an offer (`PUT /api/v0/asks/{id}/`, docs/vast-api.md §3); interruptible iff a bid
+        is given.
         IMAGE_LOGIN is a registry login for a private image (a secret: never logged here).
 
         Never retried blindly: only a request that provably did not reach Vast (connect error)
@@ -233,7 +233,7 @@ class VastClient:
             image_login=image_login,
         )
         data = self._send_create(offer_id, body, label)
-        instance_id = _int(data.get("new_contract"))
+        instance_id = int_or_none(data.get("new_contract"))
         if instance_id is None:
             if data.get("success") is False:
                 raise error_for(200, json.dumps(data))
@@ -243,8 +243,9 @@ class VastClient:
         is_bid = self._check_bid(instance_id, bid_usd_per_hour is not None)
         return CreatedInstance(
             id=instance_id,
-            instance_api_key=_str(data.get("instance_api_key")),
-            created_stopped=data.get("success") is False,  # ref §3 [AUTO]: created stopped
+            instance_api_key=str_or_none(data.get("instance_api_key")),
+            # docs/vast-api.md §3 [AUTO]: created stopped
+            created_stopped=data.get("success") is False,
             is_bid=is_bid,
             raw=dict(data),
         )
@@ -260,8 +261,8 @@ class VastClient:
                 raise CreateOutcomeUnknown(
                     exc.message, label=label, status=exc.status, code=exc.code, body=exc.body
                 ) from exc
-            # ref §3: a bare 404/410 on the ask means it is gone; one with another code (say
-            # `not_found` for a wrong base URL) is not about the offer.
+            # docs/vast-api.md §3: a bare 404/410 on the ask means it is gone; one with another
+            # code (say `not_found` for a wrong base URL) is not about the offer.
             if exc.status in (404, 410) and exc.code is None:
                 raise OfferGone(
                     exc.message, status=exc.status, code=exc.code, body=exc.body
@@ -269,7 +270,7 @@ class VastClient:
             if refuses_the_offer(exc):
                 raise OfferRefused(
                     exc.message,
-                    offer_id=_int(_body_field(exc.body, "ask_id")) or offer_id,
+                    offer_id=int_or_none(_body_field(exc.body, "ask_id")) or offer_id,
                     status=exc.status,
                     code=exc.code,
                     body=exc.body,
@@ -315,7 +316,7 @@ class VastClient:
         select_filters: Mapping[str, Any] | None = None,
         page_size: int = 25,
     ) -> list[Instance]:
-        """Every instance of the account, all pages (`GET /api/v1/instances/`, ref §4).
+        """Every instance of the account, all pages (`GET /api/v1/instances/`, docs/vast-api.md §4).
 
         ``select_filters`` may use stored columns only (e.g. `actual_status`, `label`).
         """
@@ -328,7 +329,8 @@ class VastClient:
         return [parse_instance(r) for r in self._pages("/api/v1/instances/", params, "instances")]
 
     def show_instance(self, instance_id: int) -> Instance | None:
-        """One instance, or None if Vast does not know it (any more) (ref §4: 200 + null)."""
+        """One instance, or None if Vast does not know it (any more)
+        (docs/vast-api.md §4: 200 + null)."""
         data = self._request("GET", f"/api/v0/instances/{instance_id}/", params={"owner": "me"})
         return instance_from_show(data)
 
@@ -337,12 +339,13 @@ class VastClient:
         return instance_presence(ids, self.list_instances())
 
     def destroy_instance(self, instance_id: int) -> bool:
-        """Destroy (irreversible, ref §5). False when it was already gone: safe to repeat.
+        """Destroy (irreversible, docs/vast-api.md §5). False when it was already gone: safe to
+        repeat.
 
         Gone reads two ways: 404 `no_such_instance` (Vast's generated spec) and 404
         `not_found` (its hand-written docs). A wrong base URL could answer `not_found` too, and
         believing it would leave the instance billing, so that one is checked with show-one
-        (`{"instances": null}` for an instance that does not exist, ref §4)."""
+        (`{"instances": null}` for an instance that does not exist, docs/vast-api.md §4)."""
         try:
             _require_success(self._request("DELETE", f"/api/v0/instances/{instance_id}/"))
         except InstanceGone:
@@ -356,28 +359,30 @@ class VastClient:
         return True
 
     def label_instance(self, instance_id: int, label: str) -> None:
-        """Set the label (ref §5: same PUT as stop/start, at most 1024 characters)."""
+        """Set the label (docs/vast-api.md §5: same PUT as stop/start, at most 1024 characters)."""
         body = {"label": label}
         _require_success(self._request("PUT", f"/api/v0/instances/{instance_id}/", body=body))
 
     def stop_instance(self, instance_id: int) -> StateChange:
-        """Stop: the GPU is released, storage keeps billing (ref §5, §7)."""
+        """Stop: the GPU is released, storage keeps billing (docs/vast-api.md §5, §7)."""
         return self._set_state(instance_id, "stopped")
 
     def start_instance(self, instance_id: int) -> StateChange:
-        """Start; `queued` is true when the GPU is busy and Vast waits for it (ref §5)."""
+        """Start; `queued` is true when the GPU is busy and Vast waits for it
+        (docs/vast-api.md §5)."""
         return self._set_state(instance_id, "running")
 
     def change_bid(self, instance_id: int, price: float) -> None:
         """Set an interruptible instance's bid, $/h per machine (`PUT /api/v0/instances/
-        bid_price/{id}/` with `{"client_id": "me", "price": x}`, ref §5, as the CLI's
+        bid_price/{id}/` with `{"client_id": "me", "price": x}`, docs/vast-api.md §5, as the CLI's
         `vastai change bid` sends it). A bid that reaches the machine's `min_bid` wins it back
         from a higher bidder; one lowered under it loses the machine.
 
         Vast's spec (vast-ai/docs `openapi.yaml`) answers `{"success": true}`, 400
         `invalid_args` for a price outside 0.001-32 (`ProviderError`) and 404
         `no_such_instance` (`InstanceGone`). Setting a price is idempotent, so 429s (one call per
-        5.5 s, ref §1, a JSON `detail` naming the threshold) and network errors are retried.
+        5.5 s, docs/vast-api.md §1, a JSON `detail` naming the threshold) and network errors are
+        retried.
         """
         body = {"client_id": "me", "price": float(price)}
         path = f"/api/v0/instances/bid_price/{instance_id}/"
@@ -407,18 +412,19 @@ class VastClient:
         filters: dict[str, Any] = {"day": {"gte": epoch_seconds(start), "lte": epoch_seconds(end)}}
         if types is not None:
             filters["type"] = {"in": list(types)}
-        # ref §6a: the same filters on every page; only after_token changes.
+        # docs/vast-api.md §6a: the same filters on every page; only after_token changes.
         params = {"select_filters": filters, "limit": page_size}
         return [parse_charge(r) for r in self._pages("/api/v0/charges/", params, "results")]
 
     def invoices(self, start: datetime, end: datetime, *, page_size: int = 60) -> list[InvoiceRow]:
-        """Payments and credits in a window, all pages (`GET /api/v1/invoices/`, ref §6b)."""
+        """Payments and credits in a window, all pages (`GET /api/v1/invoices/`,
+        docs/vast-api.md §6b)."""
         filters = {"when": {"gte": epoch_seconds(start), "lte": epoch_seconds(end)}}
         params = {"select_filters": filters, "limit": page_size}
         return [parse_invoice_row(r) for r in self._pages("/api/v1/invoices/", params, "results")]
 
     def current_user(self) -> VastUser:
-        """The account behind the API key (`GET /api/v0/users/current`, ref §5)."""
+        """The account behind the API key (`GET /api/v0/users/current`, docs/vast-api.md §5)."""
         data = self._request("GET", "/api/v0/users/current")
         return parse_user(data if isinstance(data, Mapping) else {})
 
@@ -454,7 +460,8 @@ def _decode(response: httpx.Response) -> Any:
 
 
 def _require_success(data: Any) -> Mapping[str, Any]:
-    """A 200 can still say `success: false` (ref §1, §6): raise the typed error then."""
+    """A 200 can still say `success: false` (docs/vast-api.md §1, §6): raise the typed
+    error then."""
     body = data if isinstance(data, Mapping) else {}
     if body.get("success") is False:
         raise error_for(200, json.dumps(body))

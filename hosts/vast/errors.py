@@ -3,8 +3,7 @@
 Every error the client raises is a ``VastError`` and carries the API's ``status``, ``code`` and
 ``message``. This module sits at the bottom of the package (nothing here imports the rest), so
 callers can catch these without pulling in the transport; ``server_wait_hint`` lives here
-because ``error_for`` puts the server's wait hint on ``RateLimited``. "ref §N" cites the shared
-reference ``shared/vast-api.md``.
+because ``error_for`` puts the server's wait hint on ``RateLimited``.
 """
 
 from __future__ import annotations
@@ -89,7 +88,8 @@ class CreateOutcomeUnknown(VastError):
 
 
 class BidMismatch(VastError):
-    """The created instance's `is_bid` differs from what was asked (the "bid trap", ref §3).
+    """The created instance's `is_bid` differs from what was asked (the "bid trap",
+    docs/vast-api.md §3).
 
     The instance was destroyed when ``destroyed`` is true; otherwise it still runs and bills.
     """
@@ -103,7 +103,7 @@ class BidMismatch(VastError):
 _THRESHOLD = re.compile(r"threshold\s*=\s*(\d+(?:\.\d+)?)")
 _BILLING = re.compile(r"billing|credit|balance|payment", re.IGNORECASE)
 # A 403 about the key itself names it (or the login or scope it lacks): "This action requires
-# login." (ref §1). Create's 403 about one offer names the offer instead (vast-ai/docs
+# login." (docs/vast-api.md §1). Create's 403 about one offer names the offer instead (vast-ai/docs
 # create_instance.yaml: "error 403/3586: Offer 1234567 is not your own. Hosts can only rent
 # their own machines.").
 _NAMES_THE_KEY = re.compile(
@@ -114,8 +114,8 @@ _NAMES_THE_KEY = re.compile(
 def parse_error_body(text: str) -> tuple[str | None, str]:
     """Return ``(code, message)`` from an error body: JSON with msg/message/detail, or text.
 
-    ref §1: usually ``{success, error, msg}``; some endpoints send only ``msg``, ``message`` or
-    ``detail``; 429s are often plain text.
+    docs/vast-api.md §1: usually ``{success, error, msg}``; some endpoints send only ``msg``,
+    ``message`` or ``detail``; 429s are often plain text.
     """
     try:
         data = json.loads(text)
@@ -129,17 +129,19 @@ def parse_error_body(text: str) -> tuple[str | None, str]:
 
 
 def _error_class(status: int, code: str | None, message: str = "") -> type[VastError]:
-    # ref §3: an ask that is gone answers 404 `no_such_ask` (the generated spec) or 404
+    # docs/vast-api.md §3: an ask that is gone answers 404 `no_such_ask` (the generated spec) or 404
     # `invalid_args` with "no_such_ask" in the message (the hand-written docs' example).
     if code == "no_such_ask" or (status in (404, 410) and "no_such_ask" in message):
         return OfferGone
-    # ref §1: a bad key is 401, 403 or 404-with-auth_error depending on the endpoint; a 403
-    # that does not name the key refuses something else (on create: that one offer).
+    # docs/vast-api.md §1: a bad key is 401, 403 or 404-with-auth_error depending on the
+    # endpoint; a 403 that does not name the key refuses something else (on create: that one
+    # offer).
     if status == 401 or code == "auth_error" or (status == 403 and refuses_the_key(message)):
         return AuthFailed
     if status == 429 or code in ("rate_limit_exceeded", "search_quota_exceeded"):
         return RateLimited
-    # ref §3: create answers 400 `invalid_args` "for billing issues", start 400 `missing_billing`.
+    # docs/vast-api.md §3: create answers 400 `invalid_args` "for billing issues", start 400
+    # `missing_billing`.
     if code in ("insufficient_credit", "missing_billing") or (
         status == 400 and code == "invalid_args" and _BILLING.search(message)
     ):
@@ -168,8 +170,8 @@ def error_for(status: int, text: str, headers: Mapping[str, str] | None = None) 
 def server_wait_hint(headers: Mapping[str, str], text: str) -> float | None:
     """Seconds the server asked us to wait: `Retry-After`, else `threshold=<s>` in the body.
 
-    ref §1: Vast documents no Retry-After, but its plain-text 429 names the endpoint's minimum
-    interval (`API requests too frequent: endpoint threshold=<s>`).
+    docs/vast-api.md §1: Vast documents no Retry-After, but its plain-text 429 names the
+    endpoint's minimum interval (`API requests too frequent: endpoint threshold=<s>`).
     """
     value = headers.get("retry-after") or headers.get("Retry-After")
     if value:

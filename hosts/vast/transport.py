@@ -5,8 +5,7 @@ with exponential backoff and jitter, never shorter than the server's wait hint. 
 carries a retry mode: ``RETRY_SAFE`` for reads and idempotent calls, ``RETRY_UNSENT_ONLY`` for a
 create, which is resent only when it provably never reached Vast or was refused unprocessed
 (429, then after at least ``RetryPolicy.create_penalty_s``). Kept apart from ``client`` so the
-policy can be tested with a fake inner transport and no Vast. "ref §N" cites
-``shared/vast-api.md``.
+policy can be tested with a fake inner transport and no Vast.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ logger = logging.getLogger(__name__)
 RETRY_EXTENSION = "nomadgpu.retry"  # per-request retry mode, read by RetryTransport
 RETRY_SAFE = "safe"  # idempotent or read-only: retry transient statuses and network errors
 RETRY_UNSENT_ONLY = "unsent_only"  # create: retry only what provably never reached the server
-RETRY_STATUSES = frozenset({429, 502, 503, 504})  # ref §1: what the SDK retries
+RETRY_STATUSES = frozenset({429, 502, 503, 504})  # docs/vast-api.md §1: what the SDK retries
 # Errors raised before a single byte of the request left: safe to resend even a create.
 UNSENT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 # Network trouble worth another try for safe calls (not, say, an unsupported URL scheme).
@@ -42,7 +41,8 @@ class RetryPolicy:
     multiplier: float = 2.0
     max_delay: float = 20.0
     jitter: float = 0.25  # up to +25 %, so several workers do not retry in lockstep
-    max_server_wait: float = 60.0  # ref §1: the SDK waits for Retry-After ≤ 60 s, else gives up
+    # docs/vast-api.md §1: the SDK waits for Retry-After ≤ 60 s, else gives up
+    max_server_wait: float = 60.0
     # Vast's create_instance spec gives `PUT /asks/{id}/` a 4.5 s threshold *and* `penalty: 12`
     # (vast-ai/docs create_instance.yaml): a create that met a 429 waits at least this long, so
     # a retry at the bare threshold does not run into the penalty again.
@@ -57,7 +57,8 @@ def retry_delay(attempt: int, hint: float | None, policy: RetryPolicy, rand: flo
 
 
 def is_quota_exhausted(text: str) -> bool:
-    """A 429 for the daily search quota: retrying cannot help until UTC midnight (ref §1)."""
+    """A 429 for the daily search quota: retrying cannot help until UTC midnight
+    (docs/vast-api.md §1)."""
     return parse_error_body(text)[0] == "search_quota_exceeded"
 
 
@@ -117,7 +118,8 @@ class RetryTransport(httpx.BaseTransport):
             return None
         hint = server_wait_hint(response.headers, text)
         if hint is not None and hint > self._policy.max_server_wait:
-            return None  # ref §1: a wait over 60 s means give up now, not sleep a minute
+            # docs/vast-api.md §1: a wait over 60 s means give up now, not sleep a minute.
+            return None
         if mode == RETRY_UNSENT_ONLY and response.status_code == 429:
             return max(hint or 0.0, self._policy.create_penalty_s)
         return hint or 0.0

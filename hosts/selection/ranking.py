@@ -1,0 +1,124 @@
+"""Which offer to rent: the acceptable offers ranked by expected total cost (``rank_offers``),
+and the choice with its runners-up and rejections (``choose_offer``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from hosts.selection.bids import rentals_to_weigh
+from hosts.selection.decision import Decision, Ranked
+from hosts.selection.filters import (
+    NOT_BIDDABLE,
+    RULE_CONTRACT,
+    RULE_UNKNOWN_SPEED,
+    Rejection,
+    contract_too_short,
+    filter_offers,
+)
+from hosts.selection.image_cache import NO_IMAGE_CACHE, ImageCache
+from hosts.selection.preemption import PreemptionRates
+from hosts.selection.profile import JobProfile
+from hosts.selection.rental_costs import best_rental, expected_cost
+from hosts.selection.requirements import Requirements
+from hosts.selection.speed import SpeedBook, seconds_per_step
+from hosts.vast import Offer
+
+DEFAULT_TOP_N = 5
+
+
+def _ranking_key(item: Ranked) -> tuple[float, float, int]:
+    # Cheapest first; at equal cost the more reliable host; then the id, so ties are stable.
+    return item.expected_total_usd, -(item.offer.reliability or 0.0), item.offer.id
+
+
+def rank_with_rejections(
+    offers: Sequence[Offer],
+    req: Requirements,
+    profile: JobProfile,
+    speeds: SpeedBook | None,
+    rates: PreemptionRates | None = None,
+    images: ImageCache = NO_IMAGE_CACHE,
+) -> tuple[list[Ranked], list[Rejection]]:
+    """``rank_offers``'s list, and a ``Rejection`` for every offer turned away: the filter
+    rules, then no speed estimate, no acceptable bid, a contract that ends too soon."""
+    book = (speeds or SpeedBook()).with_market(offers, req.num_gpus)
+    rates = rates or PreemptionRates()
+    kept, rejected = filter_offers(offers, req)
+    ranked: list[Ranked] = []
+    for offer in kept:
+        if seconds_per_step(offer, profile, book) is None:
+            detail = f"no observed speed and no DLPerf for {offer.gpu_name or 'unknown GPU'}"
+            rejected.append(Rejection(offer.id, offer.machine_id, RULE_UNKNOWN_SPEED, detail))
+            continue
+        rental = best_rental(offer, profile, book, req, rates, images)
+        if rental is None:
+            detail = "takes no bid (no min_bid), or none under max_bid_dph"
+            rejected.append(Rejection(offer.id, offer.machine_id, NOT_BIDDABLE, detail))
+            continue
+        if (short := contract_too_short(offer, rental.base)) is not None:
+            rejected.append(Rejection(offer.id, offer.machine_id, RULE_CONTRACT, short))
+            continue
+        ranked.append(Ranked(offer, rental.base, rental))
+    return sorted(ranked, key=_ranking_key), rejected
+
+
+def rank_offers(
+    offers: Sequence[Offer],
+    req: Requirements,
+    profile: JobProfile,
+    speeds: SpeedBook | None = None,
+    rates: PreemptionRates | None = None,
+    *,
+    images: ImageCache = NO_IMAGE_CACHE,
+) -> list[Ranked]:
+    """Offers meeting ``req``, cheapest expected total cost of the job first, each rented the
+    cheapest way ``req.rental`` allows (RATES: the team's interruption history; IMAGES: the
+    machines that may still hold the job's image).
+
+    DLPerf estimates are calibrated on all of ``offers`` (``SpeedBook.with_market``), so pass
+    the whole search result, not a pre-filtered slice.
+    """
+    return rank_with_rejections(offers, req, profile, speeds, rates, images)[0]
+
+
+def choose_offer(
+    offers: Sequence[Offer],
+    req: Requirements,
+    profile: JobProfile,
+    speeds: SpeedBook | None = None,
+    *,
+    rates: PreemptionRates | None = None,
+    top_n: int = DEFAULT_TOP_N,
+    images: ImageCache = NO_IMAGE_CACHE,
+) -> Decision | None:
+    """The offer with the lowest expected total cost of the job, rented the cheapest way
+    ``req.rental`` allows, or None when none qualifies. The decision keeps the chosen offer's
+    other rentals (on-demand, the other bid margins) with their expected totals."""
+    ranked, rejected = rank_with_rejections(offers, req, profile, speeds, rates, images)
+    if not ranked:
+        return None
+    by_rule = Counter(r.rule for r in rejected)
+    book = (speeds or SpeedBook()).with_market(offers, req.num_gpus)
+    chosen = ranked[0]
+    alternatives = tuple(
+        cost.as_dict()
+        for rental in rentals_to_weigh(chosen.offer, req)
+        if rental != chosen.rental.rental
+        and (
+            cost := expected_cost(
+                chosen.offer, profile, book, req, rental, rates or PreemptionRates(), images
+            )
+        )
+        is not None
+    )
+    return Decision(
+        alternatives=alternatives,
+        chosen=ranked[0],
+        candidates=tuple(ranked[: max(top_n, 1)]),
+        offers_seen=len(offers),
+        offers_ranked=len(ranked),
+        rejected_by_rule=dict(sorted(by_rule.items())),
+        requirements=req,
+        profile=profile,
+    )
