@@ -234,13 +234,13 @@ def old_download_verified(storage: Any, obj: dict[str, Any], dest: Path, *, coun
 
 def old_unpack(archive: Path, target: Path, *, data_key: bytes | None) -> None:
     """agent.checkpoints.unpack before ranged GETs (it is unchanged): read back, unpack."""
-    from agent.checkpoints import _extract_object
+    from agent.checkpoints.archives import extract_object
 
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     with archive.open("rb") as raw:
-        _extract_object(raw, partial, data_key)
+        extract_object(raw, partial, data_key)
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)
 
