@@ -251,7 +251,7 @@ def old_unpack(archive: Path, target: Path, *, data_key: bytes | None) -> None:
 def storage_client() -> Any:
     import httpx
 
-    return httpx.Client(timeout=httpx.Timeout(300.0, connect=30.0))  # as agent/runner.py
+    return httpx.Client(timeout=httpx.Timeout(300.0, connect=30.0))  # as agent/state.py
 
 
 def run_old(tmp: Path, obj: dict[str, Any], key: bytes | None) -> tuple[float, float, int]:
