@@ -32,7 +32,7 @@ DOWNLOAD_CONNECTIONS = 4
 RANGE_BLOCK = 16 * 1024 * 1024
 MIN_RANGE_BLOCK = 1024 * 1024
 RANGED_MIN_SIZE = 8 * 1024 * 1024
-RANGE_RETRIES = 4  # tries of one range; the runner then retries the whole restore
+RANGE_RETRIES = 4  # tries of one range; the restore phase then retries it all (Downloads)
 RANGE_RETRY_BASE_S = 0.5  # waits 0.5, 1, 2 s
 FOLLOW_CHUNK = 8 * 1024 * 1024  # the most the follower reads (and hashes) at once
 
