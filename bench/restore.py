@@ -234,13 +234,13 @@ def old_download_verified(storage: Any, obj: dict[str, Any], dest: Path, *, coun
 
 def old_unpack(archive: Path, target: Path, *, data_key: bytes | None) -> None:
     """agent.checkpoints.unpack before ranged GETs (it is unchanged): read back, unpack."""
-    from agent.checkpoints import _extract_object
+    from agent.checkpoints.archives import extract_object
 
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     with archive.open("rb") as raw:
-        _extract_object(raw, partial, data_key)
+        extract_object(raw, partial, data_key)
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)
 
@@ -251,7 +251,7 @@ def old_unpack(archive: Path, target: Path, *, data_key: bytes | None) -> None:
 def storage_client() -> Any:
     import httpx
 
-    return httpx.Client(timeout=httpx.Timeout(300.0, connect=30.0))  # as agent/runner.py
+    return httpx.Client(timeout=httpx.Timeout(300.0, connect=30.0))  # as agent/state.py
 
 
 def run_old(tmp: Path, obj: dict[str, Any], key: bytes | None) -> tuple[float, float, int]:

@@ -128,7 +128,7 @@ class Bench:
         )
         self.store.client.create_bucket(Bucket=BUCKET)
         self.plain = boto3.client("s3", endpoint_url=url, region_name="us-east-1", **CREDENTIALS)
-        # The agent's storage client, as agent/runner.py makes it.
+        # The agent's storage client, as agent/state.py makes it.
         self.http = httpx.Client(timeout=httpx.Timeout(300.0, connect=30.0))
         self.data_key = os.urandom(32)
 

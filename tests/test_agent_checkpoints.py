@@ -232,7 +232,7 @@ def upload(tmp_path, storage: FlakyStorage, target: dict) -> ck.Uploaded:
 
 
 def test_a_failed_single_put_is_retried_with_the_same_bytes(tmp_path, monkeypatch):
-    monkeypatch.setattr(ck, "RETRY_BASE_S", 0.01)
+    monkeypatch.setattr("agent.checkpoints.upload.RETRY_BASE_S", 0.01)
     storage = FlakyStorage(500, 503)
     done = upload(tmp_path, storage, {"kind": "single", "url": "http://s3/x", "headers": {}})
     assert len(storage.bodies) == 3
@@ -250,7 +250,7 @@ def test_an_expired_url_is_not_retried_but_reported(tmp_path, status):
 
 
 def test_multipart_sends_fixed_size_parts_and_returns_their_etags(tmp_path, monkeypatch):
-    monkeypatch.setattr(ck, "RETRY_BASE_S", 0.01)
+    monkeypatch.setattr("agent.checkpoints.upload.RETRY_BASE_S", 0.01)
     plan = ck.plan_tar(make_checkpoint(tmp_path / "probe"))
     part_size = 4096
     count = -(-plan.size // part_size)

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from agent import checkpoints as ck
+from agent.checkpoints import ranged
 from tests.processes import wait_until
 
 KEY = os.urandom(32)
@@ -24,8 +25,8 @@ BLOCK = 256 * 1024
 
 @pytest.fixture(autouse=True)
 def small_objects_are_ranged_too(monkeypatch):
-    monkeypatch.setattr(ck, "RANGED_MIN_SIZE", 1)  # the tests' objects are a few MB
-    monkeypatch.setattr(ck, "RANGE_RETRY_BASE_S", 0.0)
+    monkeypatch.setattr(ranged, "RANGED_MIN_SIZE", 1)  # the tests' objects are a few MB
+    monkeypatch.setattr(ranged, "RANGE_RETRY_BASE_S", 0.0)
 
 
 @pytest.fixture
@@ -203,7 +204,7 @@ def test_storage_without_range_support_is_read_from_its_one_answer(serve, storag
 
 
 def test_a_small_object_takes_one_plain_get(serve, storage, tmp_path, monkeypatch):
-    monkeypatch.setattr(ck, "RANGED_MIN_SIZE", 8 * 1024 * 1024)
+    monkeypatch.setattr(ranged, "RANGED_MIN_SIZE", 8 * 1024 * 1024)
     folder = make_folder(tmp_path / "checkpoint-300")
     data = packed(folder, False)
     spec = Storage(data)
@@ -243,7 +244,7 @@ def test_a_dropped_range_is_fetched_again_from_where_it_stopped(serve, storage, 
 
 
 def test_a_range_that_keeps_failing_is_a_download_error(serve, storage, tmp_path, monkeypatch):
-    monkeypatch.setattr(ck, "RANGE_RETRIES", 1)
+    monkeypatch.setattr(ranged, "RANGE_RETRIES", 1)
     folder = make_folder(tmp_path / "checkpoint-300")
     data = packed(folder, False)
     spec = Storage(data, drop_once_at=2 * BLOCK + 5)

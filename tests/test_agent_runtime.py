@@ -16,7 +16,7 @@ import pytest
 
 from agent.build import build_zipapp
 from agent.ckptcrypto import decrypt_stream
-from agent.runner import exit_report
+from agent.phases.command import exit_report
 from tests.agent_fake_supervisor import (
     FakeJob,
     FakeS3,

@@ -12,7 +12,8 @@ import threading
 import pytest
 
 from agent.assignment import Assignment
-from agent.runner import Agent, Options, SetupFailed
+from agent.phases.setup import SetupFailed
+from agent.runner import Agent, Options
 from agent.staging import StageEntry
 
 WAIT_S = 10.0

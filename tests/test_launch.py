@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from agent import launch, procs
 from agent.assignment import parse_assignment
-from agent.runner import launched_command
+from agent.phases.command import launched_command
 from jobs.lifecycle import exit_words
 from jobs.spec import JobSpec, ValidationError, error_messages, submit_spec
 from portal.forms import JobForm
