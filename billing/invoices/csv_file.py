@@ -19,7 +19,7 @@ from hosts import vast
 
 ITEM_TYPES = ("gpu", "disk", "bwd", "bwu")
 # One row per charge item, mirroring the fields of a `GET /api/v0/charges/` result and its
-# items (ref §6a); rows with the same (source, day) form one charge.
+# items (``docs/vast-api.md`` §6a); rows with the same (source, day) form one charge.
 CSV_COLUMNS = (
     "day",
     "source",
