@@ -1,6 +1,6 @@
 """Recorded spend: what NomadGPU believes each attempt has cost, from the offer's rates.
 
-Vast bills (``shared/vast-api.md`` §7): GPU per second while the instance runs, storage per
+Vast bills (``docs/vast-api.md`` §7): GPU per second while the instance runs, storage per
 second from creation until destroy, traffic per GB each way in any state. The attempt row
 holds the rates copied from the offer at rent time and the byte counters its agent reports, so
 spend is computed, never accrued in place: recomputing it is always safe and a recovery can

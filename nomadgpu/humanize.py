@@ -15,7 +15,7 @@ parts shown add up to the total shown (``billing.cost``). A percentage beside an
 computed from the amounts as shown (``share``), so "82 % of $0.0100 ($0.00820)" agrees with
 itself.
 
-``nomadgpu_cli.cli`` keeps copies of ``duration``, ``loss`` and ``money`` (the CLI installs
+``nomadgpu_cli.render`` keeps copies of ``duration``, ``loss`` and ``money`` (the CLI installs
 without the server); ``tests/test_humanize.py`` holds each pair to the same texts.
 """
 

@@ -19,4 +19,10 @@ cancelled or paused for budget (or a drill did not recover); 2 bad usage, an unr
 or workdir (or one over the cap, or with a link out of it), or the server refused the request
 (validation, not found, conflict, forbidden); 3 the token was not accepted; 4 the server could
 not be reached or failed.
+
+One command group per file: ``cli`` (the arguments and ``main``), ``submit`` (a job file or
+template) with ``workdir`` (its code packed and uploaded) and ``pack`` (the packing),
+``follow`` (events and progress until the job stops), ``jobs`` (``status``, ``cancel``),
+``logs``, ``drill``; beneath them ``api`` (the member API over httpx), ``render`` (durations,
+money, the progress bar) and ``errors`` (``CliError`` and the exit codes).
 """

@@ -37,7 +37,7 @@ from nomadgpu.permissions import (
     member_teams,
     visible_to,
 )
-from portal.figures import gpu_count_blocker, interruptible_blocker
+from portal.figures.blockers import gpu_count_blocker, interruptible_blocker
 
 
 class PersonalToken(HttpBearer):

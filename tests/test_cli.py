@@ -16,7 +16,7 @@ from django.utils import timezone
 from jobs import lifecycle
 from jobs.models import Attempt, Job, JobState
 from nomadgpu import api_tokens
-from nomadgpu_cli import cli
+from nomadgpu_cli import cli, render
 from tests.cli_support import Follower
 from tests.factories import JobFactory, make_attempt
 from tests.processes import wait_until
@@ -319,12 +319,12 @@ class FakeTerminal(io.StringIO):
 
 
 def test_on_a_terminal_the_progress_line_is_redrawn_in_place_under_the_events():
-    screen = cli.Screen(FakeTerminal())
+    screen = render.Screen(FakeTerminal())
     job = {"state": "running", "step": 150, "total_steps": 300, "progress": 0.5, "eta_s": 75}
 
-    screen.progress(cli.progress_bar(job))
+    screen.progress(render.progress_bar(job))
     screen.line("12:00:00 host_lost")
-    screen.progress(cli.progress_bar({**job, "step": 151, "progress": 151 / 300}))
+    screen.progress(render.progress_bar({**job, "step": 151, "progress": 151 / 300}))
     screen.done()
 
     bar = "[###############...............] 150/300  50%  ETA 1 min 15 s  running"

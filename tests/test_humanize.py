@@ -10,7 +10,7 @@ import pytest
 
 from billing.templatetags.finance import register as finance_filters
 from nomadgpu.humanize import duration, loss, money, percent_of, share
-from nomadgpu_cli import cli
+from nomadgpu_cli import render
 from portal.templatetags.portal_tags import register as portal_filters
 from statuspage.templatetags.status_tags import register as status_filters
 
@@ -36,7 +36,7 @@ CASES = [
 @pytest.mark.parametrize(("seconds", "text"), CASES)
 def test_a_duration_reads_the_same_on_pages_messages_feeds_and_the_cli(seconds, text):
     assert duration(seconds) == text
-    assert cli.duration(seconds) == text
+    assert render.duration(seconds) == text
 
 
 def test_the_page_filters_are_that_one_rule():
@@ -47,7 +47,7 @@ def test_the_page_filters_are_that_one_rule():
 def test_an_unknown_duration_says_so_in_the_words_of_its_place():
     assert duration(None) == "—"
     assert duration(None, "no data") == "no data"
-    assert cli.duration(None) == "-"
+    assert render.duration(None) == "-"
 
 
 LOSSES = [
@@ -64,7 +64,7 @@ LOSSES = [
 @pytest.mark.parametrize(("value", "text"), LOSSES)
 def test_a_loss_reads_the_same_on_the_job_page_and_in_the_cli(value, text):
     assert loss(value) == text
-    assert cli.loss(value) == text
+    assert render.loss(value) == text
 
 
 def test_the_page_filter_is_the_loss_rule():
@@ -73,7 +73,7 @@ def test_the_page_filter_is_the_loss_rule():
 
 def test_an_unknown_loss_says_so():
     assert loss(None) == "—"
-    assert cli.loss(None) == "-"
+    assert render.loss(None) == "-"
 
 
 MONEY = [
@@ -103,8 +103,8 @@ MONEY = [
 @pytest.mark.parametrize(("usd", "text"), MONEY)
 def test_an_amount_reads_the_same_on_pages_messages_the_api_and_the_cli(usd, text):
     assert money(usd) == text
-    assert cli.money(usd) == text
-    assert cli.money(float(usd)) == text  # what the CLI gets from the API's JSON
+    assert render.money(usd) == text
+    assert render.money(float(usd)) == text  # what the CLI gets from the API's JSON
 
 
 def test_any_amount_under_a_dollar_shows_three_significant_digits_and_is_never_zero():

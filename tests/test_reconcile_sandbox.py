@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from billing import invoices, reconcile
-from billing.models import Charge, DiscrepancyFlag
+from billing.models import Charge, DiscrepancyFlag, InvoiceSync
 from hosts import vast
 from jobs.models import JobEvent
 from tests.factories import JobFactory, TeamFactory, make_attempt
@@ -166,7 +166,7 @@ def test_a_week_imported_day_by_day_twice_matches_the_range_and_stores_each_day_
     now = timezone.now()
     invoices.sync_team(team, now=now)
     first = day_rows(team)
-    invoices.InvoiceSync.objects.filter(team=team).update(charges_complete_through=None)
+    InvoiceSync.objects.filter(team=team).update(charges_complete_through=None)
     invoices.sync_team(team, now=now)  # every day asked again
 
     assert day_rows(team) == first

@@ -1,0 +1,71 @@
+"""``nomadgpu drill``: destroy the job's host, wait until it trains again elsewhere, and say
+how long each phase of the recovery took."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from datetime import datetime
+
+from nomadgpu_cli.api import Api
+from nomadgpu_cli.errors import EXIT_JOB_FAILED, EXIT_OK, CliError
+from nomadgpu_cli.follow import STOPPED, follow_job
+from nomadgpu_cli.render import duration
+
+
+def cmd_drill(api: Api, args: argparse.Namespace) -> int:
+    """Destroy the job's host N times, each time waiting until it trains again elsewhere."""
+    for n in range(1, args.times + 1):
+        wait_running(api, args.job, poll_s=args.poll, timeout_s=args.timeout)
+        cursor = api.get(f"/jobs/{args.job}/events", after=0, limit=1000)["cursor"]
+        drill = api.post(f"/jobs/{args.job}/drill")
+        print(
+            f"drill {n}/{args.times}: destroyed instance {drill['instance_id']} "
+            f"(attempt {drill['attempt']}) at step {drill['step']} (its last heartbeat)"
+        )
+        code = follow_job(
+            api,
+            args.job,
+            poll_s=args.poll,
+            after=cursor,
+            until=lambda e: e["kind"] == "running_again",
+        )
+        if code != EXIT_OK:
+            return code
+        print(drill_summary(api.get(f"/jobs/{args.job}"), drill))
+    return EXIT_OK
+
+
+def wait_running(api: Api, job_id: int, *, poll_s: float, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = api.get(f"/jobs/{job_id}")
+        host = job["host"]
+        if job["state"] == "running" and host and host["attempt_state"] == "running":
+            return
+        if job["state"] in STOPPED:
+            raise CliError(f"job {job_id} is {job['state']}: nothing to drill", EXIT_JOB_FAILED)
+        if time.monotonic() > deadline:
+            raise CliError(f"job {job_id} is not running ({job['state']})", EXIT_JOB_FAILED)
+        time.sleep(poll_s)
+
+
+def drill_summary(job: dict, drill: dict) -> str:
+    mine = [i for i in job["interruption_list"] if i["attempt"] == drill["attempt"]]
+    if not mine:
+        return "no interruption recorded for the destroyed host"
+    i, start = mine[0], datetime.fromisoformat(drill["destroyed_at"])
+
+    def after(moment: str | None) -> str:
+        return (
+            "-"
+            if moment is None
+            else duration((datetime.fromisoformat(moment) - start).total_seconds())
+        )
+
+    note = f"; {i['resume_note']}" if i.get("resume_note") else ""
+    return (
+        f"detected after {after(i['detected_at'])}, replacement rented after "
+        f"{after(i['replacement_rented_at'])}, training again after "
+        f"{after(i['running_again_at'])}, resumed from step {i['resumed_step']}{note}"
+    )
