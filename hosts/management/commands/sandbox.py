@@ -1,8 +1,8 @@
 """``manage.py sandbox serve|inject|instances ...``: the sandbox marketplace's command line.
 
-A thin wrapper: the arguments go unparsed to ``hosts.sandbox.cli.main``, which also runs
-without Django (``python -m hosts.sandbox``). Django only supplies the default state
-directory, the ``SANDBOX_DIR`` setting.
+A thin wrapper: the arguments go unparsed to ``sandbox.cli.main``, which also runs without
+Django (``python -m sandbox``). Django only supplies the default state directory, the
+``SANDBOX_DIR`` setting.
 """
 
 from __future__ import annotations
@@ -30,6 +30,6 @@ class Command(BaseCommand):
         parser.add_argument("args", nargs="*")
 
     def _main(self, argv: list[str]) -> int:
-        from hosts.sandbox.cli import main
+        from sandbox.cli import main
 
         return main(argv, default_state_dir=settings.SANDBOX_DIR)

@@ -22,16 +22,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from hosts.sandbox import billing, traffic
-from hosts.sandbox.bids import BidMarket, BidSettings
-from hosts.sandbox.image_cache import GUESSED_WIPE_CHANCE
-from hosts.sandbox.instances import ApiError, Engine, run_ticker
-from hosts.sandbox.market import Market
-from hosts.sandbox.query import QueryError
-from hosts.sandbox.ratelimit import RateLimiter
-from hosts.sandbox.state import Store, add_payment, ensure_accounts
-from hosts.sandbox.timing import Timing
-from hosts.sandbox.views import instance_json, list_instances
+from sandbox import billing, traffic
+from sandbox.bids import BidMarket, BidSettings
+from sandbox.image_cache import GUESSED_WIPE_CHANCE
+from sandbox.instances import ApiError, Engine, run_ticker
+from sandbox.market import Market
+from sandbox.query import QueryError
+from sandbox.ratelimit import RateLimiter
+from sandbox.state import Store, add_payment, ensure_accounts
+from sandbox.timing import Timing
+from sandbox.views import instance_json, list_instances
 
 MAX_BODY = 16 * 1024 * 1024
 RAW_PARAMS = {"api_key", "after_token", "owner"}  # strings even when they look like JSON

@@ -34,8 +34,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from hosts.sandbox.query import QueryError, check_ops, compare
-from hosts.sandbox.state import Store
+from sandbox.query import QueryError, check_ops, compare
+from sandbox.state import Store
 
 GB = 1024**3
 DAY_S = 86_400

@@ -33,10 +33,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hosts.sandbox import billing, gpu, image_cache
-from hosts.sandbox.bids import BidMarket, BidSettings
-from hosts.sandbox.market import HOURS_PER_MONTH, Market, public
-from hosts.sandbox.processes import (
+from sandbox import billing, gpu, image_cache
+from sandbox.bids import BidMarket, BidSettings
+from sandbox.market import HOURS_PER_MONTH, Market, public
+from sandbox.processes import (
     Processes,
     group_alive,
     group_belongs,
@@ -44,8 +44,8 @@ from hosts.sandbox.processes import (
     member_states,
     signal_group,
 )
-from hosts.sandbox.state import Store, log_event
-from hosts.sandbox.timing import (
+from sandbox.state import Store, log_event
+from sandbox.timing import (
     CONTAINER_START_S,
     DESTROY_DELIVERY_S,
     REBOOT_S,

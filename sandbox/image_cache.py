@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import random
 
-from hosts.sandbox.state import Store
+from sandbox.state import Store
 
 GUESSED_WIPE_CHANCE = 0.2  # not published: a guess (module docstring)
 

@@ -37,8 +37,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from agent.netdev import parse as parse_net_dev
-from hosts.sandbox.instances import Engine
-from hosts.sandbox.processes import NET_DEV_FILE
+from sandbox.instances import Engine
+from sandbox.processes import NET_DEV_FILE
 
 CHUNK = 64 * 1024
 FLUSH_S = 1.0

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hosts.sandbox.instances import ApiError, Engine, shown_status
-from hosts.sandbox.query import QueryError, compare_keys, matches, order_signs, sort_rows
+from sandbox.instances import ApiError, Engine, shown_status
+from sandbox.query import QueryError, compare_keys, matches, order_signs, sort_rows
 
 PAGE_MAX = 25
 PAGE_NONPOSITIVE = 5  # what Vast gives for limit <= 0

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hosts.sandbox.query import QueryError, matches, sort_rows
+from sandbox.query import QueryError, matches, sort_rows
 
 DEFAULT_MARKET = Path(__file__).resolve().parent / "market" / "offers.json"
 # Vast documents neither the default nor the maximum of `limit`; 64 makes a client that
