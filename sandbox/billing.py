@@ -1,4 +1,4 @@
-"""Billing as Vast bills (``shared/vast-api.md`` §6-7), computed from recorded usage.
+"""Billing as Vast bills (``docs/vast-api.md`` §6-7), computed from recorded usage.
 
 The engine records *intervals* (GPU billed, storage billed) and *traffic* (bytes with a
 timestamp); nothing is accrued in place. Any day's charges, and an account's credit, are

@@ -439,7 +439,7 @@ class Engine:
                 # Vast's ssh/jupyter entrypoint is the container's main process, not onstart:
                 # the container stays `running` (GPU billed) after onstart or the agent ends,
                 # and only the renter's heartbeat can tell (vast-ai/docs show_instance status
-                # table; shared/notes/vast-real-api-audit.md #7).
+                # table).
                 self._update(inst_id, self.clock(), event=msg, pgid=None)
                 return
             self._update(
@@ -512,7 +512,7 @@ class Engine:
             inst = self.get(inst["id"])
         if inst["outbid"]:
             # Queued: it starts when its bid wins again (the docs: "paused until they become
-            # the highest priority"), as a start on a busy machine waits (ref §5).
+            # the highest priority"), as a start on a busy machine waits (docs/vast-api.md §5).
             self._update(inst["id"], now, intended="running", outbid_resume=1)
             return {
                 "success": False,
@@ -817,8 +817,8 @@ class Engine:
     def _inject_reboot_host(self, inst: dict, arg: Any) -> None:
         """The host reboots: every process dies, the host daemon is disconnected and Vast
         shows the instance ``offline`` (computed while the host is away; no GPU or storage
-        billed, ``shared/vast-api.md`` §7). The instance is not deleted: a host cannot delete a
-        renter's instance (``shared/notes/vast-real-api-audit.md`` #15), and Vast's
+        billed, ``docs/vast-api.md`` §7). The instance is not deleted: a host cannot delete a
+        renter's instance (Vast's jsbcannell in cloud-gpus.github.io PR #13), and Vast's
         ``instance_online`` webhook (vast-ai/docs, webhooks) is the host coming back. ARG: the
         wall seconds until it does, ``never``, or nothing for a seeded draw
         (``Timing.host_return_s``; some hosts never return). Back, the container restarts on
@@ -976,7 +976,7 @@ class Engine:
     def enforce_expiry(self) -> None:
         """An on-demand contract whose ``end_date`` passed is stopped, for good: Vast stops an
         expired instance and will not restart it (its guide "Choosing an instance type",
-        "Maximum duration"; ``shared/vast-api.md`` §7)."""
+        "Maximum duration"; ``docs/vast-api.md`` §7)."""
         now = self.clock()
         for inst in self.store.rows(
             "SELECT * FROM instances WHERE destroyed_at IS NULL AND is_bid = 0"
@@ -1185,14 +1185,14 @@ def _shown(inst: dict | None) -> str | None:
 
 def billed_kinds(inst: dict) -> set[str]:
     """What is billed at this moment: GPU while running, storage while the instance exists,
-    neither while its host is offline (``shared/vast-api.md`` §7)."""
+    neither while its host is offline (``docs/vast-api.md`` §7)."""
     if inst["destroyed_at"] is not None or not inst["host_online"]:
         return set()
     return {"gpu", "disk"} if inst["status"] == "running" else {"disk"}
 
 
 def _config(body: dict) -> dict:
-    """The create body, validated and normalised (``shared/vast-api.md`` §3)."""
+    """The create body, validated and normalised (``docs/vast-api.md`` §3)."""
     if not isinstance(body, dict):
         raise ApiError(400, "invalid_args", "body must be a JSON object")
     image = body.get("image")

@@ -1,6 +1,6 @@
 """The HTTP side: routing, auth, rate limits and the handlers of every endpoint.
 
-Vast endpoints follow ``shared/vast-api.md``: paths with or without the trailing slash,
+Vast endpoints follow ``docs/vast-api.md``: paths with or without the trailing slash,
 structured query parameters JSON-encoded then URL-encoded, JSON bodies, Vast's error shape
 and its endpoint-specific auth failures (401 on instances; 403 without a key and 404
 ``auth_error`` for an unknown key on charges and v1 invoices; offer search needs none).
@@ -200,7 +200,7 @@ class App:
 
     def _instance_key_account(self, rt: Route, req: Request, credential: str) -> dict | None:
         """An instance's CONTAINER_API_KEY may show, start/stop, reboot and destroy that
-        instance only (``shared/vast-api.md`` §3)."""
+        instance only (``docs/vast-api.md`` §3)."""
         inst = self.store.row(
             "SELECT id, account_id FROM instances WHERE api_key = ?", (credential,)
         )
@@ -532,7 +532,7 @@ def _match(method: str, path: str) -> tuple[Route, dict[str, int]] | Reply:
 
 
 def _params(query: str) -> dict[str, Any]:
-    """Query parameters, JSON-decoded where they are JSON (``shared/vast-api.md`` §1)."""
+    """Query parameters, JSON-decoded where they are JSON (``docs/vast-api.md`` §1)."""
     params: dict[str, Any] = {}
     for key, values in parse_qs(query, keep_blank_values=True).items():
         value = values[-1]

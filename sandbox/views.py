@@ -1,4 +1,4 @@
-"""Instances as Vast serves them: one object (``shared/vast-api.md`` §4) and the v1 list.
+"""Instances as Vast serves them: one object (``docs/vast-api.md`` §4) and the v1 list.
 
 The v1 list pages with a keyset token: the token holds the sort key of the last row
 served, so an instance created or destroyed between two page requests neither repeats nor
