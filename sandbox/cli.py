@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.bids import BidSettings
+from sandbox.engine.faults import INSTANCE_ACTIONS
 from sandbox.image_cache import GUESSED_WIPE_CHANCE
-from sandbox.instances import INSTANCE_ACTIONS
 from sandbox.timing import HOST_RETURN_MEAN_S, HOST_RETURN_P, Timing, image_name
 
 DEFAULT_STATE_DIR = Path(__file__).resolve().parents[1] / "var" / "sandbox"

@@ -24,8 +24,10 @@ from urllib.parse import parse_qs, urlsplit
 
 from sandbox import billing, traffic
 from sandbox.bids import BidMarket, BidSettings
+from sandbox.engine import Engine
+from sandbox.engine.upkeep import run_ticker
+from sandbox.errors import ApiError
 from sandbox.image_cache import GUESSED_WIPE_CHANCE
-from sandbox.instances import ApiError, Engine, run_ticker
 from sandbox.market import Market
 from sandbox.query import QueryError
 from sandbox.ratelimit import RateLimiter

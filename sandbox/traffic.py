@@ -36,7 +36,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from sandbox.instances import Engine
+from sandbox.engine import Engine
 from sandbox.processes import NET_DEV_FILE
 
 CHUNK = 64 * 1024

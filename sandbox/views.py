@@ -13,7 +13,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sandbox.instances import ApiError, Engine, shown_status
+from sandbox.engine import Engine
+from sandbox.engine.core import shown_status
+from sandbox.errors import ApiError
 from sandbox.query import QueryError, compare_keys, matches, order_signs, sort_rows
 
 PAGE_MAX = 25
