@@ -1,42 +1,50 @@
-"""The HTTP side: routing, auth, rate limits and the handlers of every endpoint.
+"""The sandbox's HTTP server: the app (store, market, engine, rate limiter), and each request's
+way through it: route, rate limit, auth, handler, reply.
 
-Vast endpoints follow ``docs/vast-api.md``: paths with or without the trailing slash,
-structured query parameters JSON-encoded then URL-encoded, JSON bodies, Vast's error shape
-and its endpoint-specific auth failures (401 on instances; 403 without a key and 404
+Vast endpoints (``vast_api.py``) follow ``docs/vast-api.md``: paths with or without the trailing
+slash, structured query parameters JSON-encoded then URL-encoded, JSON bodies, Vast's error
+shape and its endpoint-specific auth failures (401 on instances; 403 without a key and 404
 ``auth_error`` for an unknown key on charges and v1 invoices; offer search needs none).
-Sandbox-only endpoints live under ``/sandbox/`` and need no key (it is a local test bed).
+Sandbox-only endpoints (``sandbox_api.py``) live under ``/sandbox/`` and need no key (it is a
+local test bed). Requests with an absolute URL are an instance's metered proxy traffic
+(``traffic.py``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
-from sandbox import billing, traffic
+from sandbox import billing, sandbox_api, traffic, vast_api
 from sandbox.bids import BidMarket, BidSettings
 from sandbox.engine import Engine
 from sandbox.engine.upkeep import run_ticker
 from sandbox.errors import ApiError
 from sandbox.image_cache import GUESSED_WIPE_CHANCE
 from sandbox.market import Market
+from sandbox.messages import (
+    Reply,
+    Request,
+    credential_of,
+    parse_params,
+    read_json_body,
+    send,
+)
 from sandbox.query import QueryError
 from sandbox.ratelimit import RateLimiter
-from sandbox.state import Store, add_payment, ensure_accounts
+from sandbox.routes import Route, match
+from sandbox.state import Store, ensure_accounts
 from sandbox.timing import Timing
-from sandbox.views import instance_json, list_instances
 
-MAX_BODY = 16 * 1024 * 1024
-RAW_PARAMS = {"api_key", "after_token", "owner"}  # strings even when they look like JSON
+ROUTES: list[Route] = [*vast_api.ROUTES, *sandbox_api.ROUTES]
 
 
 @dataclass
@@ -57,51 +65,8 @@ class Options:
     verbose: bool = False
 
 
-@dataclass
-class Request:
-    method: str
-    params: dict[str, Any]
-    body: Any
-    ids: dict[str, int]
-    handler: BaseHTTPRequestHandler
-    account: dict | None = None
-    scope: int | None = None  # set when an instance's own key was used
-
-
-@dataclass
-class Reply:
-    status: int = 200
-    body: Any = None
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Route:
-    method: str
-    pattern: re.Pattern
-    name: str
-    auth: str  # none | user | billing | sandbox
-    fn: Callable[[App, Request], Reply | None]
-    raw: bool = False  # the handler reads the body / writes the response itself
-
-
-def route(method: str, path: str, name: str, auth: str, raw: bool = False) -> Callable:
-    def register(fn: Callable) -> Callable:
-        ROUTES.append(Route(method, re.compile(path + "$"), name, auth, fn, raw))
-        return fn
-
-    return register
-
-
-ROUTES: list[Route] = []
-
-
-def ok(body: Any = None, status: int = 200) -> Reply:
-    return Reply(status, {"success": True} if body is None else body)
-
-
 class App:
-    """The sandbox: store, market, engine, rate limiter, and the endpoint handlers."""
+    """The sandbox: store, market, engine, rate limiter; routing, rate limits and auth."""
 
     def __init__(self, options: Options) -> None:
         self.options = options
@@ -129,27 +94,25 @@ class App:
         )
         ensure_accounts(self.store, options.api_keys, options.credit, time.time())
 
-    # ---- plumbing ------------------------------------------------------------------------
-
     def dispatch(self, handler: BaseHTTPRequestHandler) -> None:
         url = urlsplit(handler.path)
         path = url.path.rstrip("/") or "/"
-        found = _match(handler.command, path)
+        found = match(ROUTES, handler.command, path)
         if isinstance(found, Reply):
             handler.close_connection = True  # the body, if any, was not read
-            return _send(handler, found)
+            return send(handler, found)
         rt, ids = found
-        params = _params(url.query)
-        credential = _credential(handler, params)
+        params = parse_params(url.query)
+        credential = credential_of(handler, params)
         limited = self._rate_limited(handler, rt, path, credential)
         if limited is not None:
             handler.close_connection = True
-            return _send(handler, limited)
+            return send(handler, limited)
         reply = self._handle(
             handler, rt, Request(handler.command, params, None, ids, handler), credential
         )
         if reply is not None:
-            _send(handler, reply)
+            send(handler, reply)
 
     def _rate_limited(
         self, handler: BaseHTTPRequestHandler, rt: Route, path: str, credential: str
@@ -169,7 +132,7 @@ class App:
     ) -> Reply | None:
         """Run one handler; every failure becomes a reply in Vast's error shape."""
         try:
-            req.body = None if rt.raw else _body(handler)
+            req.body = None if rt.raw else read_json_body(handler)
             self._authenticate(rt, req, credential)
             return rt.fn(self, req)
         except ApiError as exc:
@@ -210,250 +173,6 @@ class App:
             return None
         req.scope = inst["id"]
         return self.store.row("SELECT * FROM accounts WHERE id = ?", (inst["account_id"],))
-
-    def _owned(self, req: Request) -> dict:
-        inst = self.engine.owned(req.account["id"], req.ids["id"])
-        if inst is None:
-            raise ApiError(
-                404,
-                "no_such_instance",
-                f"error 404/3602: no_such_instance  Instance {req.ids['id']} not found.",
-            )
-        return inst
-
-    # ---- offer search --------------------------------------------------------------------
-
-    def _search(self, query: Any, select_cols: Any = None) -> Reply:
-        if not isinstance(query, dict):
-            raise QueryError("the query must be a JSON object")
-        now = time.time()
-        rented = self.engine.rented_asks()
-        offers = self.market.search(
-            query, rented, self.engine.gone_asks(), now, self._min_bids(rented, now)
-        )
-        if isinstance(select_cols, list) and select_cols and select_cols != ["*"]:
-            offers = [{c: o.get(c) for c in select_cols} for o in offers]
-        return Reply(200, {"offers": offers})
-
-    def _min_bids(self, rented: set[int], now: float) -> Callable[[int], float]:
-        """Each ask's min_bid now: the walk's, or the bid of a tenant holding the machine."""
-        rivals = {
-            r["ask_id"]: r["rival_bid"]
-            for r in self.store.rows(
-                "SELECT ask_id, rival_bid FROM instances"
-                " WHERE destroyed_at IS NULL AND rival_bid IS NOT NULL"
-            )
-        }
-        return lambda ask: max(self.bids.floor(ask, now), rivals.get(ask) or 0.0)
-
-    @route("POST", "/api/v0/bundles", "bundles", "none")
-    def search_post(self, req: Request) -> Reply:
-        return self._search(req.body if req.body is not None else {})
-
-    @route("GET", "/api/v0/bundles", "bundles", "none")
-    def search_get(self, req: Request) -> Reply:
-        return self._search(req.params.get("q", {}), req.params.get("select_cols"))
-
-    @route("PUT", "/api/v0/search/asks", "search_asks", "none")
-    def search_put(self, req: Request) -> Reply:
-        body = req.body or {}
-        return self._search(body.get("q", {}), body.get("select_cols"))
-
-    # ---- instances -----------------------------------------------------------------------
-
-    @route("PUT", r"/api/v0/asks/(?P<id>\d+)", "ask", "user")
-    def create(self, req: Request) -> Reply:
-        return ok(
-            self.engine.create(
-                req.account["id"], req.ids["id"], req.body if req.body is not None else {}
-            )
-        )
-
-    @route("GET", "/api/v1/instances", "instances_v1", "user")
-    def list_v1(self, req: Request) -> Reply:
-        return ok(list_instances(self.engine, req.account["id"], req.params, time.time()))
-
-    @route("GET", "/api/v0/instances", "instances_v0", "user")
-    def list_v0(self, req: Request) -> Reply:
-        # Accounts created after 2026-06-02 get 410 here; every sandbox account is new.
-        raise ApiError(
-            410,
-            "deprecated",
-            "GET /api/v0/instances/ is no longer available; use /api/v1/instances/.",
-        )
-
-    @route("GET", r"/api/v0/instances/(?P<id>\d+)", "instance", "user")
-    def show(self, req: Request) -> Reply:
-        inst = self.engine.owned(req.account["id"], req.ids["id"])
-        return ok({"instances": instance_json(self.engine, inst, time.time()) if inst else None})
-
-    @route("PUT", r"/api/v0/instances/(?P<id>\d+)", "instance", "user")
-    def update(self, req: Request) -> Reply:
-        inst, body = self._owned(req), req.body if isinstance(req.body, dict) else {}
-        if "state" in body:
-            if body["state"] == "stopped":
-                self.engine.stop(inst, renter=True)
-                return ok()
-            if body["state"] == "running":
-                return ok(self.engine.start(inst))
-            raise ApiError(400, "invalid_args", "state must be 'running' or 'stopped'")
-        if "label" in body:
-            self.engine.set_label(inst, body["label"])
-            return ok()
-        raise ApiError(400, "invalid_args", "nothing to change: send 'state' or 'label'")
-
-    @route("DELETE", r"/api/v0/instances/(?P<id>\d+)", "instance", "user")
-    def destroy(self, req: Request) -> Reply:
-        self.engine.destroy(self._owned(req))
-        return ok({"success": True, "msg": f"Instance {req.ids['id']} destroyed."})
-
-    @route("PUT", r"/api/v0/instances/bid_price/(?P<id>\d+)", "bid_price", "user")
-    def change_bid(self, req: Request) -> Reply:
-        inst = self.engine.owned(req.account["id"], req.ids["id"])
-        if inst is None:  # the change-bid spec's own 404 (vast-ai/docs openapi.yaml)
-            raise ApiError(404, "no_such_instance", "Instance with that ID does not exist.")
-        return ok(self.engine.change_bid(inst, req.body if req.body is not None else {}))
-
-    @route("PUT", r"/api/v0/instances/reboot/(?P<id>\d+)", "reboot", "user")
-    def reboot(self, req: Request) -> Reply:
-        self.engine.reboot(self._owned(req))
-        return ok()
-
-    # ---- account and billing -------------------------------------------------------------
-
-    @route("GET", "/api/v0/users/current", "user", "user")
-    def user(self, req: Request) -> Reply:
-        account = req.account
-        return ok(
-            {
-                "id": account["id"],
-                "email": account["email"],
-                "username": f"user{account['id']}",
-                "fullname": "Sandbox User",
-                "credit": billing.credit(self.store, account["id"], time.time()),
-                # Vast's `balance` (legacy unpaid-invoice total) has no meaning with prepaid credit.
-                "balance": 0.0,
-                "ssh_key": "",
-                "has_billing": True,
-                "created_at": account["created_at"],
-            }
-        )
-
-    @route("GET", "/api/v0/charges", "charges", "billing")
-    def charges(self, req: Request) -> Reply:
-        return ok(billing.charges(self.store, req.account["id"], req.params, time.time()))
-
-    @route("GET", "/api/v1/invoices", "invoices_v1", "billing")
-    def invoices(self, req: Request) -> Reply:
-        return ok(billing.invoices(self.store, req.account["id"], req.params, time.time()))
-
-    # ---- sandbox-only ----------------------------------------------------------------------
-
-    @route("GET", "/sandbox/health", "health", "sandbox")
-    def health(self, req: Request) -> Reply:
-        o = self.options
-        return ok(
-            {
-                "ok": True,
-                "url": self.engine.url,
-                "seed": o.seed,
-                "time_scale": o.timing.scale,
-                "sandbox_hour_s": o.timing.hour_s,
-                "bids": {
-                    "outbid_rate_per_h": o.bids.outbid_rate_per_h,
-                    "outbid_margin_scale": o.bids.margin_scale,
-                    "outbid_hold_h": o.bids.hold_h,
-                    "min_bid_step_pct": o.bids.min_bid_step_pct,
-                },
-                "relaxed_rate_limits": o.relaxed_rate_limits,
-                "offers": len(self.market.offers),
-            }
-        )
-
-    @route("GET", "/sandbox/instances", "sandbox_instances", "sandbox")
-    def sandbox_instances(self, req: Request) -> Reply:
-        ids = [r["id"] for r in self.store.rows("SELECT id FROM instances ORDER BY id")]
-        return ok({"instances": [self.engine.debug_view(i) for i in ids]})
-
-    @route("GET", r"/sandbox/instances/(?P<id>\d+)", "sandbox_instance", "sandbox")
-    def sandbox_instance(self, req: Request) -> Reply:
-        if self.engine.get(req.ids["id"]) is None:
-            raise ApiError(404, "no_such_instance", f"no instance {req.ids['id']}")
-        return ok(self.engine.debug_view(req.ids["id"]))
-
-    @route("POST", r"/sandbox/inject/(?P<id>\d+)", "inject", "sandbox")
-    def inject(self, req: Request) -> Reply:
-        body = req.body if isinstance(req.body, dict) else {}
-        if body.get("action") == "ratelimit":
-            return self.inject_global(req)
-        return ok(
-            {
-                "success": True,
-                "instance": self.engine.inject(
-                    req.ids["id"], str(body.get("action")), body.get("arg")
-                ),
-            }
-        )
-
-    @route("POST", "/sandbox/inject", "inject_global", "sandbox")
-    def inject_global(self, req: Request) -> Reply:
-        body = req.body if isinstance(req.body, dict) else {}
-        if body.get("action") == "refuse-ask":
-            return self._refuse_ask(body.get("arg"))
-        if body.get("action") != "ratelimit":
-            raise ApiError(
-                400,
-                "invalid_args",
-                "global actions: ratelimit SECONDS, refuse-ask ASK_ID (others need an instance id)",
-            )
-        try:
-            seconds = float(body.get("arg"))
-        except (TypeError, ValueError) as exc:
-            raise ApiError(400, "invalid_args", "ratelimit takes a number of seconds") from exc
-        self.limiter.block_for(seconds)
-        return ok({"success": True, "blocked_for": seconds})
-
-    def _refuse_ask(self, arg: Any) -> Reply:
-        try:
-            ask_id = int(arg)
-        except (TypeError, ValueError) as exc:
-            raise ApiError(400, "invalid_args", "refuse-ask takes an ask id") from exc
-        self.engine.refuse_ask(ask_id)
-        return ok({"success": True, "refused_ask": ask_id})
-
-    @route("POST", "/sandbox/topup", "topup", "sandbox")
-    def topup(self, req: Request) -> Reply:
-        body = req.body if isinstance(req.body, dict) else {}
-        account = self.store.row(
-            "SELECT * FROM accounts WHERE api_key = ?", (str(body.get("api_key")),)
-        )
-        if account is None:
-            raise ApiError(404, "not_found", "no account with that api_key")
-        try:
-            amount = float(body.get("amount"))
-        except (TypeError, ValueError) as exc:
-            raise ApiError(400, "invalid_args", "amount must be a number of dollars") from exc
-        now = time.time()
-        add_payment(self.store, account["id"], amount, now)
-        return ok({"success": True, "credit": billing.credit(self.store, account["id"], now)})
-
-    @route("GET", r"/sandbox/download/(?P<id>\d+)", "download", "sandbox", raw=True)
-    def download(self, req: Request) -> None:
-        try:
-            nbytes = int(req.params.get("bytes", 0))
-        except (TypeError, ValueError) as exc:
-            raise ApiError(400, "invalid_args", "bytes must be an integer") from exc
-        if not 0 <= nbytes <= 10**13:
-            raise ApiError(400, "invalid_args", "bytes must be between 0 and 10 TB")
-        traffic.download(req.handler, self.engine, req.ids["id"], nbytes)
-
-    @route("PUT", r"/sandbox/upload/(?P<id>\d+)", "upload", "sandbox", raw=True)
-    @route("POST", r"/sandbox/upload/(?P<id>\d+)", "upload", "sandbox", raw=True)
-    def upload(self, req: Request) -> Reply:
-        received = traffic.upload(req.handler, self.engine, req.ids["id"])
-        if received is None:
-            raise ApiError(404, "no_such_instance", f"no live instance {req.ids['id']}")
-        return ok({"success": True, "received": received})
 
     # ---- running -----------------------------------------------------------------------------
 
@@ -510,80 +229,6 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         if self.server.app.options.verbose:
             super().log_message(format, *args)
-
-
-def _match(method: str, path: str) -> tuple[Route, dict[str, int]] | Reply:
-    allowed = False
-    for rt in ROUTES:
-        m = rt.pattern.match(path)
-        if m is None:
-            continue
-        if rt.method == method:
-            return rt, {k: int(v) for k, v in m.groupdict().items()}
-        allowed = True
-    if allowed:
-        return Reply(
-            405,
-            {
-                "success": False,
-                "error": "invalid_request",
-                "msg": f"{method} not allowed on {path}",
-            },
-        )
-    return Reply(404, {"success": False, "error": "not_found", "msg": f"no endpoint {path}"})
-
-
-def _params(query: str) -> dict[str, Any]:
-    """Query parameters, JSON-decoded where they are JSON (``docs/vast-api.md`` §1)."""
-    params: dict[str, Any] = {}
-    for key, values in parse_qs(query, keep_blank_values=True).items():
-        value = values[-1]
-        if key in RAW_PARAMS:
-            params[key] = value
-            continue
-        try:
-            params[key] = json.loads(value)
-        except ValueError:
-            params[key] = value
-    return params
-
-
-def _credential(handler: BaseHTTPRequestHandler, params: dict) -> str:
-    auth = handler.headers.get("Authorization", "")
-    if auth.lower().startswith("bearer "):
-        return auth[7:].strip()
-    return str(params.get("api_key") or "")
-
-
-def _body(handler: BaseHTTPRequestHandler) -> Any:
-    raw = b"".join(traffic.read_body(handler))
-    if len(raw) > MAX_BODY:
-        raise ApiError(413, "invalid_request", "body too large")
-    if not raw.strip():
-        return None
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise ApiError(400, "invalid_args", "the body is not valid JSON") from exc
-
-
-def _send(handler: BaseHTTPRequestHandler, reply: Reply) -> None:
-    if isinstance(reply.body, str):
-        data, ctype = reply.body.encode(), "text/plain; charset=utf-8"
-    else:
-        # Exactly "application/json": the CLI rejects any other Content-Type on search.
-        data, ctype = json.dumps(reply.body).encode(), "application/json"
-    try:
-        handler.send_response(reply.status)
-        handler.send_header("Content-Type", ctype)
-        handler.send_header("Content-Length", str(len(data)))
-        for k, v in reply.headers.items():
-            handler.send_header(k, v)
-        handler.end_headers()
-        if handler.command != "HEAD":
-            handler.wfile.write(data)
-    except OSError:
-        handler.close_connection = True
 
 
 def _write_server_file(state_dir: Path, url: str) -> None:
