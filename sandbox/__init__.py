@@ -16,7 +16,7 @@ no Django (``.importlinter``). Standard library only. What each part answers:
 - ``market`` (and ``market/``, the offers): the offers and their search; ``query``: Vast's
   filter language.
 - ``bids``: the interruptible market (the ``min_bid`` walk, other tenants' outbids).
-- ``billing``: usage integrated into charges and the credit, and v1 invoices.
+- ``billing``: usage integrated into charges and the credit; ``payments``: v1 invoices.
 - ``traffic``: metered downloads, uploads and the instances' proxy.
 - ``image_cache``: images a machine keeps between rentals; ``timing``: how long things take.
 - ``processes``: an instance's processes; ``gpu``: the fake ``nvidia-smi``.

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from sandbox import billing
+from sandbox import billing, payments
 from sandbox.errors import ApiError
 from sandbox.messages import Reply, Request, ok
 from sandbox.query import QueryError
@@ -175,4 +175,4 @@ def charges(app: App, req: Request) -> Reply:
 
 @route(ROUTES, "GET", "/api/v1/invoices", "invoices_v1", "billing")
 def invoices(app: App, req: Request) -> Reply:
-    return ok(billing.invoices(app.store, req.account["id"], req.params, time.time()))
+    return ok(payments.invoices(app.store, req.account["id"], req.params, time.time()))
