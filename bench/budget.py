@@ -61,7 +61,7 @@ from billing.services import LimitStatus  # noqa: E402
 from hosts.selection import ON_DEMAND, Requirements, filter_offers  # noqa: E402
 from hosts.vast import parse_offer  # noqa: E402
 
-MARKETS = (ROOT / "hosts/sandbox/market/offers.json", ROOT.parent / "shared/market/offers.json")
+MARKETS = (ROOT / "sandbox/market/offers.json", ROOT.parent / "shared/market/offers.json")
 LIMIT = 1.0
 TIGHT_LIMIT = 0.05
 DISK_GB = 50.0

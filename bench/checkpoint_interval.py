@@ -22,7 +22,7 @@ training), a 1 GB checkpoint. Two policies run on the same hosts and the same fa
   step.
 
 Truth (not the prior): δ = 1 GB at a host's upload speed, drawn from the sandbox market's
-``inet_up`` (``hosts/sandbox/market/offers.json``; median ~630 Mbit/s, so δ median ~15 s),
+``inet_up`` (``sandbox/market/offers.json``; median ~630 Mbit/s, so δ median ~15 s),
 + 2 s to announce and verify, each upload times U(0.8, 1.25). MTBF per host log-uniform:
 
 - flaky: interruptible rentals, 0.5-2 h (outbids, plus host loss at 0.02/h). The supervisor
@@ -71,7 +71,7 @@ HEARTBEAT_S, TICK_S = 15.0, 5.0
 GPU = "RTX 4090"
 HOST_LOSS_PER_H = 0.02
 MACHINE_HISTORY_H = 200.0
-MARKET = ROOT / "hosts" / "sandbox" / "market" / "offers.json"
+MARKET = ROOT / "sandbox" / "market" / "offers.json"
 
 
 @dataclass(frozen=True)

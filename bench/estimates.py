@@ -170,8 +170,8 @@ def submit(shape: Shape, number: int, team, user) -> Run:
     from django.utils import timezone
 
     from billing.services import estimate_remaining_usd
-    from hosts.sandbox.timing import image_bytes
     from jobs import lifecycle, market_terms, measured
+    from sandbox.timing import image_bytes
 
     job = lifecycle.submit_job(
         team=team,

@@ -29,14 +29,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.support import line  # noqa: E402
-from hosts.sandbox.image_cache import GUESSED_WIPE_CHANCE  # noqa: E402
+from sandbox.image_cache import GUESSED_WIPE_CHANCE  # noqa: E402
 
 KEY = "bench-key"
 IMAGE = "pytorch/pytorch:2.4.0-cuda12.4-cudnn9-runtime"
 
 
 def start_sandbox(state: Path, scale: float) -> tuple[subprocess.Popen, str]:
-    args = [sys.executable, "-m", "hosts.sandbox", "serve", "--port", "0"]
+    args = [sys.executable, "-m", "sandbox", "serve", "--port", "0"]
     args += ["--state-dir", str(state), "--api-key", KEY, "--relaxed-rate-limits"]
     args += ["--time-scale", str(scale), "--image-wipe-chance", "0"]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)

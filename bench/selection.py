@@ -4,7 +4,7 @@ Usage: ``python bench/selection.py [--quick] [--seed N] [market.json]`` (no serv
 database: Django is set up only to read the stored decision as ``jobs.market_terms`` does; a
 few seconds, ``--quick`` runs fewer simulated jobs).
 
-On the seeded market (``hosts/sandbox/market/offers.json``, else ``shared/market/offers.json``)
+On the seeded market (``sandbox/market/offers.json``, else ``shared/market/offers.json``)
 and for two jobs, it prices three offers at their TRUE cost, i.e. the cost model of
 ``hosts.selection`` fed with each machine's real speed: reference s/step * the market's hidden
 ``sim_speed_factor`` (1.0 = a normal machine of its model). The three:
@@ -69,10 +69,10 @@ from hosts.selection import (  # noqa: E402
 from hosts.vast import Offer, parse_offer  # noqa: E402
 
 MARKETS = (
-    ROOT / "hosts" / "sandbox" / "market" / "offers.json",
+    ROOT / "sandbox" / "market" / "offers.json",
     ROOT.parent / "shared" / "market" / "offers.json",
 )
-IMAGE_GB = 3.6e9 / 1024**3  # pytorch/pytorch, as the sandbox sizes it (hosts/sandbox/timing.py)
+IMAGE_GB = 3.6e9 / 1024**3  # pytorch/pytorch, as the sandbox sizes it (sandbox/timing.py)
 FIELD_REPORT = Requirements(
     rental=ON_DEMAND,
     gpu_names=("RTX 4090",),

@@ -38,7 +38,7 @@ from jobs import market_terms  # noqa: E402
 from jobs.spec import JobSpec  # noqa: E402
 
 MARKETS = (
-    ROOT / "hosts" / "sandbox" / "market" / "offers.json",
+    ROOT / "sandbox" / "market" / "offers.json",
     ROOT.parent / "shared" / "market" / "offers.json",
 )
 BF16_GB = 15.2

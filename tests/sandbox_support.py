@@ -27,7 +27,7 @@ from tests.processes import wait_until
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_KEY = "sandbox-key"
 FAST_FLAGS = ("--fast", "--relaxed-rate-limits")
-MARKET = ROOT / "hosts" / "sandbox" / "market" / "offers.json"
+MARKET = ROOT / "sandbox" / "market" / "offers.json"
 
 
 class Sandbox:
@@ -47,7 +47,7 @@ class Sandbox:
         server_file = self.state_dir / "server.json"
         server_file.unlink(missing_ok=True)
         keys = [arg for key in self.api_keys for arg in ("--api-key", key)]
-        args = [sys.executable, "-m", "hosts.sandbox", "serve", "--port", str(self.port)]
+        args = [sys.executable, "-m", "sandbox", "serve", "--port", str(self.port)]
         args += ["--state-dir", str(self.state_dir), *keys, *self.flags]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)

@@ -2,7 +2,7 @@
 else, and no other secret goes to Vast at all: checked against the sandbox over HTTP, whose
 record of the create request (its state, its instance listings, its own debug view) must hold
 no secret value, as Vast's instance object shows ``env``, ``onstart`` and ``label`` but no
-``image_login`` (hosts/sandbox/README.md)."""
+``image_login`` (sandbox/README.md)."""
 
 from __future__ import annotations
 

@@ -1037,7 +1037,7 @@ def test_inject_command_line_calls_the_http_endpoint(running):
     env = {**os.environ, "SANDBOX_URL": box.url}
 
     module = subprocess.run(
-        [sys.executable, "-m", "hosts.sandbox", "inject", "offline", str(iid)],
+        [sys.executable, "-m", "sandbox", "inject", "offline", str(iid)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -1116,7 +1116,7 @@ DAY = 86_400
 
 def test_charges_come_in_day_rows_keyed_at_midnight_utc(sandbox: Sandbox):
     """As Vast's show_charges spec shows them: a row per contract and UTC day, start and end at
-    midnights, ``lte`` inclusive, a range summing its days (hosts/sandbox/README, "Charges")."""
+    midnights, ``lte`` inclusive, a range summing its days (sandbox/README, "Charges")."""
     client = sandbox.client()
     iid = sandbox.create(PRICEY_ASK)
     sandbox.wait_status(iid, "running")

@@ -1,6 +1,6 @@
 """The sandbox's interruptible market over real HTTP: outbids, a moving min_bid, change bid.
 
-What is modelled and where Vast says so is in ``hosts/sandbox/bids.py`` and the sandbox
+What is modelled and where Vast says so is in ``sandbox/bids.py`` and the sandbox
 README. Time runs fast here: ``--time-scale 0.0001`` makes a sandbox hour 0.36 s of wall time,
 so hours of market happen in a second or two. Waiting is polling with a deadline.
 """
@@ -12,10 +12,10 @@ import math
 import httpx
 import pytest
 
-from hosts.sandbox.bids import BidMarket, BidSettings, min_bid_bounds, outbid_rate_per_h
 from hosts.vast import VastClient
 from hosts.vast.errors import InstanceGone, ProviderError
 from hosts.vast.transport import RetryPolicy
+from sandbox.bids import BidMarket, BidSettings, min_bid_bounds, outbid_rate_per_h
 from tests.processes import wait_until
 from tests.sandbox_support import DEFAULT_KEY, Sandbox, market_offers
 

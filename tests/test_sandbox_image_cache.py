@@ -1,5 +1,5 @@
 """The sandbox keeps a machine's pulled image for its next rental, as Vast hosts keep Docker
-layers (``hosts/sandbox/image_cache.py``), and a seeded share of hosts wipe it in between.
+layers (``sandbox/image_cache.py``), and a seeded share of hosts wipe it in between.
 
 Over real HTTP: the same ask rented twice, one instance after the other. Phase lengths are read
 from the sandbox's own event log (its clock), never from sleeps in the test.
@@ -7,7 +7,7 @@ from the sandbox's own event log (its clock), never from sleeps in the test.
 
 from __future__ import annotations
 
-from hosts.sandbox.image_cache import wiped_between_rentals
+from sandbox.image_cache import wiped_between_rentals
 from tests.sandbox_support import Sandbox
 
 IMAGE = "pytorch/pytorch:2.4.0-cuda12.4-cudnn9-runtime"  # 3.6 GB in the sandbox's table

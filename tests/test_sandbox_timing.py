@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from hosts.sandbox.timing import SCHEDULING_TRIANGLE_S, Timing
+from sandbox.timing import SCHEDULING_TRIANGLE_S, Timing
 
 LOW, MODE, HIGH = SCHEDULING_TRIANGLE_S
 

@@ -35,7 +35,7 @@ from hosts.vast import Offer, build_search_body, parse_offer
 ROOT = Path(__file__).resolve().parent.parent
 MARKET_FILES = (
     ROOT.parent / "shared" / "market" / "offers.json",
-    ROOT / "hosts" / "sandbox" / "market" / "offers.json",
+    ROOT / "sandbox" / "market" / "offers.json",
 )
 TRAP_OFFER_ID = 17179682  # shared/market/README.md: the $45/TB host of the cheapest RTX 4090
 GIB = 1024**3
@@ -132,7 +132,7 @@ def test_query_allowing_unverified_hosts_drops_the_verified_key_as_the_cli_does(
 
 def test_query_keeps_the_same_offers_as_the_local_filter_on_the_sandbox_engine():
     # The sandbox's query engine, in-process: the prefilter must not drop what filter_offers keeps.
-    from hosts.sandbox.market import Market
+    from sandbox.market import Market
 
     offers, raw = load_market()
     req = replace(FIELD_REPORT_REQ, min_cuda=12.4, max_dph=0.6, avoid_machine_ids={30941})

@@ -15,7 +15,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from hosts.sandbox.timing import Timing
 from hosts.selection import ON_DEMAND, SEARCH_LIMIT, Requirements, vast_query
 from hosts.vast import (
     AuthFailed,
@@ -27,6 +26,7 @@ from hosts.vast import (
     VastClient,
     VastError,
 )
+from sandbox.timing import Timing
 from tests.processes import wait_until
 from tests.sandbox_support import DEFAULT_KEY, Sandbox, market_offers
 

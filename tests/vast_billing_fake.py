@@ -1,7 +1,7 @@
 """A local HTTP server speaking Vast's billing endpoints (``shared/vast-api.md`` §6) from a
 fixed ledger, for tests that need volume (hundreds of charges) or a failure halfway.
 
-``GET /api/v0/charges/`` answers as Vast does (``hosts/sandbox/README.md``, "Charges"): the
+``GET /api/v0/charges/`` answers as Vast does (``sandbox/README.md``, "Charges"): the
 ledger holds one row per contract and day, keyed at 00:00 UTC; a query selects the rows whose
 key lies in the ``select_filters.day`` window (both ends inclusive) and answers one result per
 contract summing them (amounts only: a summed item keeps its first day's text), ``limit`` per

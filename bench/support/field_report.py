@@ -207,7 +207,7 @@ def parse_args() -> argparse.Namespace:
 
 def field_market(tmp: Path) -> Path:
     """The realistic market (shared/market's copy) cut to the issue's 500-2,000 Mbit/s."""
-    offers = json.loads((ROOT / "hosts" / "sandbox" / "market" / "offers.json").read_text())
+    offers = json.loads((ROOT / "sandbox" / "market" / "offers.json").read_text())
     kept = [o for o in offers if MBIT[0] <= float(o["inet_down"]) <= MBIT[1]]
     # Only 10 of them are 1-GPU RTX 4090s and every destroy takes one off the market for good,
     # while the default run destroys 16: each is listed MARKET_COPIES times, as machines like it
@@ -622,7 +622,7 @@ def run_drills(installation, drills: int, detection_s: float, *, quick: bool = F
 def market_standby_usd_per_h() -> tuple[float, float]:
     """The interruptible min_bid of a 1-GPU RTX 4090 at 500-2,000 Mbit/s, reliability >= 0.98:
     the cheapest and the median (what a standby rented at min_bid pays per hour)."""
-    offers = json.loads((ROOT / "hosts" / "sandbox" / "market" / "offers.json").read_text())
+    offers = json.loads((ROOT / "sandbox" / "market" / "offers.json").read_text())
     bids = sorted(
         float(o["min_bid"])
         for o in offers

@@ -1,7 +1,7 @@
 """A seeded, event-by-event simulation of jobs renting on-demand or interruptible Vast GPUs.
 
 ``bench/selection.py`` runs it; it needs nothing but ``hosts.selection``, the sandbox's bid
-constants (``hosts.sandbox.bids``) and a market file.
+constants (``sandbox.bids``) and a market file.
 
 The simulated market's truth is drawn here, once per run, and is NOT the cost model's prior
 (``hosts.selection.prior_rate``): the policies never see it, they only see what happened.
@@ -16,7 +16,7 @@ bid margin                  outbid rate x exp(-margin / ``TRUE_MARGIN_SCALE``) (
 the outbidder's bid         our price x (1 + U(``RIVAL_OVERBID``)), 4 decimals: the machine's
                             min_bid while the outbidder holds it, for this job and later ones
 the outbidder's hold        exponential, mean ``RIVAL_HOLD_MEAN_H`` = the sandbox's
-                            ``BidSettings.hold_h`` (2 h; ``hosts/sandbox/bids.py``), from the
+                            ``BidSettings.hold_h`` (2 h; ``sandbox/bids.py``), from the
                             outbid; then the machine's min_bid falls back to what it was before
                             (the highest bid of another outbidder still holding it, else the
                             market file's: the sandbox's hourly min_bid walk is not modelled).
@@ -67,7 +67,6 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from hosts.sandbox.bids import BidSettings
 from hosts.selection import (
     AUTO,
     INTERRUPTIBLE,
@@ -84,6 +83,7 @@ from hosts.selection import (
 )
 from hosts.vast import Offer
 from jobs.market_terms import RentDecision
+from sandbox.bids import BidSettings
 
 SECONDS_PER_HOUR = 3600.0
 # The truth (module docstring). Different from the prior on purpose: 0.5/h and 0.25.
@@ -97,7 +97,7 @@ MACHINE_SIGMA = 0.5
 TRUE_MARGIN_SCALE = 0.2
 RIVAL_OVERBID = (0.02, 0.30)  # the outbidder bids this much over our price (uniform)
 # The outbidder keeps the machine an exponential time of this mean, as the sandbox's tenants
-# do (``hosts.sandbox.bids.BidSettings.hold_h``, ``--outbid-hold-h``): one truth for both.
+# do (``sandbox.bids.BidSettings.hold_h``, ``--outbid-hold-h``): one truth for both.
 RIVAL_HOLD_MEAN_H = BidSettings.hold_h
 HOURS_PER_RELIABILITY_PERIOD = 24.0
 DETECTION_S = 30.0  # the watchdog notices a loss (field report)
@@ -215,7 +215,7 @@ class Market:
 
     def outbid(self, offer: Offer, price: float, at_h: float, streams: _Streams) -> float:
         """OFFER, rented at PRICE, is outbid at hour AT_H: the outbidder bids over PRICE and
-        holds the machine an exponential time (``hosts.sandbox.bids.BidMarket.hold_s``'s
+        holds the machine an exponential time (``sandbox.bids.BidMarket.hold_s``'s
         draw); OFFER's min_bid now."""
         lo, hi = RIVAL_OVERBID
         bid = round(price * (1.0 + streams.rival.uniform(lo, hi)), 4)

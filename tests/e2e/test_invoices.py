@@ -13,8 +13,8 @@ from django.utils import timezone
 from billing import invoices, reconcile
 from billing.models import DiscrepancyFlag
 from billing.spend import GB, job_spend
-from hosts.sandbox.timing import image_bytes
 from jobs.models import JobState
+from sandbox.timing import image_bytes
 from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS, TOY, toy_env, wait_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]

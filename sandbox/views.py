@@ -1,4 +1,4 @@
-"""Instances as Vast serves them: one object (``shared/vast-api.md`` §4) and the v1 list.
+"""Instances as Vast serves them: one object (``docs/vast-api.md`` §4) and the v1 list.
 
 The v1 list pages with a keyset token: the token holds the sort key of the last row
 served, so an instance created or destroyed between two page requests neither repeats nor
@@ -13,8 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hosts.sandbox.instances import ApiError, Engine, shown_status
-from hosts.sandbox.query import QueryError, compare_keys, matches, order_signs, sort_rows
+from sandbox.engine import Engine
+from sandbox.engine.core import shown_status
+from sandbox.errors import ApiError
+from sandbox.query import QueryError, compare_keys, matches, order_signs, sort_rows
 
 PAGE_MAX = 25
 PAGE_NONPOSITIVE = 5  # what Vast gives for limit <= 0

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 # created → loading (Vast's scheduling: the host's daemon accepts the contract and readies the
 # GPU and disk), drawn per instance from a triangle over 60-300 s with its mode at 120 s (median
 # ~153 s). Sources: Vast's docs put an instance's start at "2-5 minutes (not counting Docker image
-# pull time)" (vast-ai/docs, quoted in shared/notes/field-2026.md, "Vast itself"); the field
+# pull time)" (vast-ai/docs, the manage-instances and quickstart pages); the field
 # report's rent → first step of 4.5-8.5 min, less its image pull and 15 GB model download at
 # 500-1,000 Mbit/s, leaves about 1.5-3.5 min; a third-party worker manager observed "running"
 # 30-60 s after creation on a host with its image cached and a 2-3 min cold start to SSH

@@ -1,6 +1,6 @@
 """Vast's rate limits: a minimum interval between calls, per endpoint and per identity.
 
-Intervals come from the generated per-endpoint spec (``shared/vast-api.md`` §1). The
+Intervals come from the generated per-endpoint spec (``docs/vast-api.md`` §1). The
 identity is the credential sent (bearer token or ``api_key`` parameter) plus the client IP.
 Only accepted calls restart the interval, so a client that hammers an endpoint through its
 429s is let through as soon as the interval since its last *served* call has passed. The

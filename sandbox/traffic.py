@@ -36,9 +36,8 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from agent.netdev import parse as parse_net_dev
-from hosts.sandbox.instances import Engine
-from hosts.sandbox.processes import NET_DEV_FILE
+from sandbox.engine import Engine
+from sandbox.processes import NET_DEV_FILE
 
 CHUNK = 64 * 1024
 FLUSH_S = 1.0
@@ -88,13 +87,14 @@ NET_DEV_HEADER = (
     " face |bytes    packets errs drop fifo frame compressed multicast"
     "|bytes    packets errs drop fifo colls carrier compressed\n"
 )
+NET_DEV_TX_COLUMN = 8  # after the eight receive columns: bytes packets errs drop fifo frame ...
 
 
 def count_in_container(scratch: Path, direction: str, nbytes: int) -> None:
     """Add NBYTES to the instance's interface counters (``eth0`` of its ``net_dev`` file)."""
     path = scratch / NET_DEV_FILE
     with _NET_DEV_LOCK, contextlib.suppress(OSError):  # a destroyed instance's folder is gone
-        rx, tx = parse_net_dev(path.read_text()).get("eth0", (0, 0)) if path.exists() else (0, 0)
+        rx, tx = _eth0_counters(path.read_text()) if path.exists() else (0, 0)
         rx, tx = (rx + nbytes, tx) if direction == "down" else (rx, tx + nbytes)
         tmp = path.with_name(f".{NET_DEV_FILE}.tmp")
         tmp.write_text(
@@ -102,6 +102,18 @@ def count_in_container(scratch: Path, direction: str, nbytes: int) -> None:
             f"  eth0: {rx} 0 0 0 0 0 0 0 {tx} 0 0 0 0 0 0 0\n"
         )
         os.replace(tmp, path)  # the agent reads a whole file, never half of one
+
+
+def _eth0_counters(text: str) -> tuple[int, int]:
+    """Received and transmitted bytes of the ``eth0`` line that ``count_in_container`` wrote:
+    /proc/net/dev's columns 1 and 9 after the colon (proc(5)); (0, 0) when there is none."""
+    for line in text.splitlines():
+        name, colon, rest = line.partition(":")
+        fields = rest.split()
+        if colon and name.strip() == "eth0" and len(fields) > NET_DEV_TX_COLUMN:
+            with contextlib.suppress(ValueError):
+                return int(fields[0]), int(fields[NET_DEV_TX_COLUMN])
+    return 0, 0
 
 
 class Throttle:

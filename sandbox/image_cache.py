@@ -9,8 +9,8 @@ What real Vast does, as far as it is published:
   commonly-used Docker image layers ... most of the image content is already present on host
   machines before you even start your instance" (vast-ai/base-image ``README.md``, "Optimized
   for Fast Startup Through Layer Caching"); Vast's docs time a start as "2-5 minutes (not
-  counting Docker image pull time)" (as quoted in ``shared/notes/field-2026.md``). A later
-  instance on a machine that pulled the image starts without pulling it.
+  counting Docker image pull time)" (vast-ai/docs, the manage-instances and quickstart pages).
+  A later instance on a machine that pulled the image starts without pulling it.
 - How often a host prunes its images between rentals is not published (no page of vast-ai/docs
   or the host guides gives it). ``GUESSED_WIPE_CHANCE`` is our guess: hosts run with finite
   disks and prune now and then, so one later rental in five finds the image gone.
@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import random
 
-from hosts.sandbox.state import Store
+from sandbox.state import Store
 
 GUESSED_WIPE_CHANCE = 0.2  # not published: a guess (module docstring)
 

@@ -1,10 +1,10 @@
 """The offer market: a JSON list of Vast offers, searched with Vast's query language.
 
-Offer files follow ``shared/market/README.md``: Vast field names and units plus hidden
+Offer files follow ``market/README.md``: Vast field names and units plus hidden
 ``sim_*`` keys (``sim_speed_factor``) that only the simulator reads; those are never served.
 Query-dependent columns (``dph_total``, ``storage_total_cost``, ``score``, the ``search``
 price object) are computed per search from ``allocated_storage`` and the rental ``type``,
-as ``shared/vast-api.md`` §2 describes.
+as ``docs/vast-api.md`` §2 describes.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hosts.sandbox.query import QueryError, matches, sort_rows
+from sandbox.query import QueryError, matches, sort_rows
 
 DEFAULT_MARKET = Path(__file__).resolve().parent / "market" / "offers.json"
 # Vast documents neither the default nor the maximum of `limit`; 64 makes a client that

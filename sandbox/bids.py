@@ -9,7 +9,7 @@ What Vast says, and what is modelled on it:
   means "Your instance is stopped (killing running processes)" (docs.vast.ai
   ``documentation/reference/faq/rental-types``). How an outbid instance reads (``cur_state``,
   ``intended_status`` and ``next_state`` all ``stopped``) is dstack's observation (dstackai/dstack
-  ``src/dstack/_internal/core/backends/vastai/compute.py``); ``instances.py`` applies it.
+  ``src/dstack/_internal/core/backends/vastai/compute.py``); ``engine/outbids.py`` applies it.
 - ``min_bid`` is the price a bid must reach to win the machine now; Vast does not publish how it
   moves. Here it is a **seeded bounded random walk**: every sandbox hour each ask's ``min_bid``
   is multiplied by ``1 + U(-p, p)`` (``p`` = ``--min-bid-step-pct`` / 100), rounded to 4

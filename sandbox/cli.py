@@ -1,6 +1,6 @@
 """Command line: ``serve`` the marketplace, ``inject`` a failure, ``instances`` to look inside.
 
-Runs without Django (``python -m hosts.sandbox ...``); ``manage.py sandbox ...`` is a thin
+Runs without Django (``python -m sandbox ...``); ``manage.py sandbox ...`` is a thin
 wrapper that only supplies the default state directory from the ``SANDBOX_DIR`` setting.
 """
 
@@ -19,12 +19,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from hosts.sandbox.bids import BidSettings
-from hosts.sandbox.image_cache import GUESSED_WIPE_CHANCE
-from hosts.sandbox.instances import INSTANCE_ACTIONS
-from hosts.sandbox.timing import HOST_RETURN_MEAN_S, HOST_RETURN_P, Timing, image_name
+from sandbox.bids import BidSettings
+from sandbox.engine.faults import INSTANCE_ACTIONS
+from sandbox.image_cache import GUESSED_WIPE_CHANCE
+from sandbox.timing import HOST_RETURN_MEAN_S, HOST_RETURN_P, Timing, image_name
 
-DEFAULT_STATE_DIR = Path(__file__).resolve().parents[2] / "var" / "sandbox"
+DEFAULT_STATE_DIR = Path(__file__).resolve().parents[1] / "var" / "sandbox"
 DEFAULT_URL = "http://127.0.0.1:8700"
 GLOBAL_ACTIONS = ("ratelimit", "refuse-ask")
 
@@ -106,7 +106,7 @@ def build_parser(default_state_dir: Path) -> argparse.ArgumentParser:
         help="the download size of an image (repeatable; wins over the built-in table)",
     )
     market = serve.add_argument_group(
-        "interruptible market (hosts/sandbox/bids.py); under --fast both are off unless given"
+        "interruptible market (sandbox/bids.py); under --fast both are off unless given"
     )
     market.add_argument(
         "--outbid-rate-per-h",
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None, default_state_dir: Path | None = None) -
 
 
 def serve(args: argparse.Namespace) -> int:
-    from hosts.sandbox.server import App, Options
+    from sandbox.server import App, Options
 
     timing = Timing.fast(args.seed) if args.fast else Timing(seed=args.seed)
     if args.time_scale is not None:

@@ -1,0 +1,63 @@
+"""Where an instance's image comes from, and so how long ``loading`` lasts: pulled over the
+offer's link, found on its machine from an earlier rental, or wiped from it meanwhile (the
+machine's cache and the chance are ``sandbox/image_cache.py``). A finished pull is remembered on
+the machine and, by default, billed as downloaded traffic.
+"""
+
+from __future__ import annotations
+
+import json
+
+from sandbox import image_cache
+from sandbox.engine.core import EngineCore
+from sandbox.timing import CONTAINER_START_S
+
+
+class Images(EngineCore):
+    """The image: pulled, or found on the machine; the container start."""
+
+    def _load(self, inst: dict, now: float) -> dict:
+        """Enter ``loading``: pull the image, or just start the container when the instance
+        (a reboot, a restart) or its machine (an earlier rental's pull) already has it."""
+        offer = json.loads(inst["offer"])
+        if not inst["image_cached"]:
+            inst = self._look_for_image_on_machine(inst, now)
+        if inst["image_cached"]:
+            seconds = self.timing.phase(CONTAINER_START_S, inst["id"], "start")
+        else:
+            seconds = self.timing.pull_s(
+                inst["image_bytes"], float(offer.get("inet_down", 100.0)), inst["id"]
+            )
+        return self._update(
+            inst["id"], now, status="loading", deadline=now + seconds, status_msg=""
+        )
+
+    def _look_for_image_on_machine(self, inst: dict, now: float) -> dict:
+        """A new instance on a machine that pulled its image for an earlier rental finds it
+        there, unless the host wiped it meanwhile (one seeded draw: ``image_cache``)."""
+        if inst["image_source"]:
+            return inst  # drawn already (a load stopped by an outbid starts again)
+        machine, image = image_cache.machine_of(inst), json.loads(inst["config"])["image"]
+        if not image_cache.holds(self.store, machine, image, before=inst["created_at"]):
+            return self._update(inst["id"], now, image_source="pulled")
+        if image_cache.wiped_between_rentals(self.timing.seed, inst["id"], self.wipe_chance):
+            image_cache.forget(self.store, machine, image)
+            return self._update(
+                inst["id"], now, event="image wiped from the machine", image_source="wiped"
+            )
+        return self._update(
+            inst["id"],
+            now,
+            event="image cached on the machine",
+            image_source="machine",
+            image_cached=1,
+        )
+
+    def _finish_pull(self, inst: dict, now: float) -> None:
+        if inst["image_cached"]:
+            return
+        self.store.run("UPDATE instances SET image_cached = 1 WHERE id = ?", (inst["id"],))
+        image = json.loads(inst["config"])["image"]
+        image_cache.remember_pull(self.store, image_cache.machine_of(inst), image, now)
+        if self.bill_image_pull:  # the pull crosses the host's metered link like any download
+            self.add_traffic(inst["id"], "down", inst["image_bytes"], now)
