@@ -30,17 +30,10 @@ from billing.models import BudgetPause, BudgetReservation, LimitKind, TeamBudget
 from billing.periods import period_bounds
 from billing.spend import burn_rate_per_hour, job_spend, spend_between
 from jobs.market_terms import RentDecision, StoredSpecInvalid, estimate_for
-from jobs.models import Attempt, Job, JobState
+from jobs.models import ACTIVE_STATES, Attempt, Job, JobState
 from jobs.spending import ALLOW, Verdict
 from nomadgpu.humanize import money, share
 
-ACTIVE_JOB_STATES = (
-    JobState.QUEUED,
-    JobState.RENTING,
-    JobState.STARTING,
-    JobState.RUNNING,
-    JobState.RECOVERING,
-)
 WARN_AT = 0.8
 # A job waiting for budget (queued to start when it allows, or refused a rent) looks again
 # this often: a new period or a raised limit is picked up within a minute.
@@ -78,8 +71,8 @@ class LimitStatus:
     def affected_jobs(self, *, started_only: bool = False) -> Iterable[int]:
         """Ids of the active jobs under this limit; STARTED_ONLY leaves out queued jobs (they
         hold no machine, and the rent reservation keeps them waiting until the budget allows)."""
-        states = ACTIVE_JOB_STATES[1:] if started_only else ACTIVE_JOB_STATES
-        jobs = Job.objects.filter(team_id=self.team_id, state__in=states)
+        jobs = Job.objects.started() if started_only else Job.objects.active()
+        jobs = jobs.filter(team_id=self.team_id)
         if self.kind == LimitKind.JOB:
             jobs = jobs.filter(pk=self.job_id)
         elif self.kind == LimitKind.MEMBER_MONTH:
@@ -234,7 +227,7 @@ def _held_by_others(status: LimitStatus, job: Job, *, now: datetime) -> float:
     if status.kind == LimitKind.JOB:
         return 0.0
     held = (
-        BudgetReservation.objects.filter(team_id=status.team_id, job__state__in=ACTIVE_JOB_STATES)
+        BudgetReservation.objects.filter(team_id=status.team_id, job__state__in=ACTIVE_STATES)
         .exclude(job=job)
         .select_related("job")
     )

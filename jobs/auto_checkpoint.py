@@ -58,16 +58,9 @@ def ask_due_checkpoints(now: datetime) -> int:
         if team_id not in rates:
             rates[team_id] = renting.preemption_rates(team_id, now=now)
         # One bad row must not stop the tick (losses, nudges): its error stays with its job.
-        asked += bool(
-            attention.guarded(
-                decide,
-                attempt,
-                rates=rates[team_id],
-                now=now,
-                job_id=attempt.job_id,
-                what="decide when to ask it for a checkpoint",
-            )
-        )
+        what = "decide when to ask it for a checkpoint"
+        with attention.row(job_id=attempt.job_id, what=what, now=now):
+            asked += bool(decide(attempt, rates=rates[team_id], now=now))
     return asked
 
 

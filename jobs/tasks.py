@@ -15,7 +15,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from hosts.vast import VastClient
-from jobs import checkpoints, renting, staging, watchdog
+from jobs import checkpoints, renting, staging
+from jobs.watchdog import passes
 from nomadgpu.models import Team
 
 logger = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ VAST_TASK = {
 
 @shared_task(ignore_result=True, **VAST_TASK)
 def watchdog_tick() -> dict:
-    return watchdog.tick(now=timezone.now())
+    return passes.tick(now=timezone.now())
 
 
 @shared_task(ignore_result=True, **VAST_TASK)

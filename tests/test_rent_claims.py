@@ -13,8 +13,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from hosts.vast.parsing import parse_instance
-from jobs import rent_claims, renting, watchdog
+from jobs import rent_claims, renting
 from jobs.models import Attempt, JobState
+from jobs.watchdog import passes
 from tests.factories import JobFactory, make_attempt
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
@@ -67,7 +68,7 @@ def test_a_dead_claim_with_no_create_sent_ends_and_the_job_is_planned_in_the_sam
     attempt = requested()
 
     with django_capture_on_commit_callbacks():
-        report = watchdog.tick(now=NOW, poll_provider=False)
+        report = passes.tick(now=NOW, poll_provider=False)
 
     attempt.refresh_from_db()
     assert report["settled"] == 1
@@ -86,7 +87,7 @@ def test_a_dead_claim_whose_create_was_sent_waits_for_the_poll_to_adopt(settings
     settings.ADOPT_AFTER_S = 30
     attempt = requested(create_sent_at=NOW - timedelta(seconds=2))
 
-    assert watchdog.tick(now=NOW, poll_provider=False)["settled"] == 0
+    assert passes.tick(now=NOW, poll_provider=False)["settled"] == 0
     assert renting.settle_dead_claim(attempt, None, now=NOW) == "waiting"
     # Nothing appeared at Vast within ADOPT_AFTER_S: the create made no instance.
     assert renting.settle_dead_claim(attempt, None, now=NOW + timedelta(seconds=30)) == "settled"

@@ -328,11 +328,12 @@ def staging_job(**fields) -> Job:
 
 
 def test_the_planner_rents_nothing_for_a_job_still_staging(db):
-    from jobs import lifecycle, watchdog
+    from jobs import lifecycle
+    from jobs.watchdog import passes
 
     job = staging_job()
 
-    assert job.pk not in watchdog.jobs_needing_a_host(now())
+    assert job.pk not in passes.jobs_needing_a_host(now())
     assert lifecycle.plan_rent(job.pk, now=now()) is None
     assert not job.attempts.exists()
 

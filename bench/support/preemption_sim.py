@@ -42,7 +42,7 @@ A host loss, or an outbid the policy does not answer by raising, ends the attemp
 rents again ``RENT_S`` later, deciding again with the machine on its own avoid list (no other
 job avoids it: ``jobs.lifecycle.handle_loss``), its observed speeds in its ``SpeedBook`` and the
 team's observed history in ``PreemptionRates``, as ``jobs/renting.py`` does. ``auto`` answers
-each outbid with the product's own code, as ``jobs.watchdog.outbid_choice_for`` calls it:
+each outbid with the product's own code, as ``jobs.watchdog.outbids.outbid_choice_for`` calls it:
 ``jobs.market_terms.RentDecision.outbid_choice`` on the attempt's ``Decision.as_dict()``, with
 the steps left from the newest checkpoint, the attempt's observed s/step (None before the
 agent reported one), its margin, the machine's min_bid now, the job's ``max_bid_dph`` and the
@@ -363,8 +363,8 @@ def run_attempt(
         if policy != AUTO:
             out.lost = True
             break
-        # jobs.watchdog.outbid_choice_for: the attempt's stored decision, the steps left from
-        # the newest checkpoint, its observed s/step, its margin, the machine's min_bid now,
+        # jobs.watchdog.outbids.outbid_choice_for: the attempt's stored decision, the steps left
+        # from the newest checkpoint, its observed s/step, its margin, the machine's min_bid now,
         # the job's max bid and the team's rates (this attempt's hours and raises so far too).
         choice = RentDecision(decision.as_dict()).outbid_choice(
             machine_id=offer.machine_id,
