@@ -8,13 +8,13 @@ the per-member monthly limit over the jobs a member submitted. Spend comes from 
 recorded rates (``billing.spend``), clipped to each period.
 
 The pre-flight estimate is the selection's cost model (``hosts.selection.estimate_cost``)
-before any market search (``jobs.market_terms.reference_cost``: the cheapest of the offers
+before any market search (``jobs.renting.reference.reference_cost``: the cheapest of the offers
 the newest rent of the job's shape weighed, priced again with what is measured now; else the
 host its rents paid for; else the profile's reference GPU at ``BUDGET_ESTIMATE_DPH`` $/h per
 GPU): submitting must not depend on the provider answering, and the cheapest host is not
 known until the rent. The job's terms come
-from the same translation the rent uses (``market_terms.estimate_for``: ``requirements_for``,
-``profile_for`` corrected by what the shape's runs measured, ``jobs.measured``).
+from the same translation the rent uses (``reference.estimate_for``: ``requirements_for``,
+``profile_for`` corrected by what the shape's runs measured, ``jobs.renting.shape_history``).
 """
 
 from __future__ import annotations
@@ -29,9 +29,11 @@ from django.db.models import Q
 from billing.models import BudgetPause, BudgetReservation, LimitKind, TeamBudget
 from billing.periods import period_bounds
 from billing.spend import burn_rate_per_hour, job_spend, spend_between
-from jobs.market_terms import RentDecision, StoredSpecInvalid, estimate_for
 from jobs.models import ACTIVE_STATES, Attempt, Job, JobState
+from jobs.rent_decision import RentDecision
+from jobs.renting.reference import estimate_for
 from jobs.spending import ALLOW, Verdict
+from jobs.stored_spec import StoredSpecInvalid
 from nomadgpu.humanize import money, share
 
 WARN_AT = 0.8

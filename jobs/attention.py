@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 
 from django.db import InterfaceError, OperationalError, transaction
 
-from jobs import lifecycle, market_terms
+from jobs import lifecycle, stored_spec
 from jobs.models import Job, JobEvent, JobState
 from nomadgpu.models import ServiceHeartbeat
 
@@ -145,8 +145,8 @@ def hold_if_spec_invalid(job: Job, *, now: datetime) -> bool:
     ``JobSpec``: one event names each field ("requirements: unknown key 'gpu_name'"). True
     when it was held (nothing should rent it)."""
     try:
-        market_terms.validate_stored(job)
-    except market_terms.StoredSpecInvalid as exc:
+        stored_spec.validate_stored(job)
+    except stored_spec.StoredSpecInvalid as exc:
         why = (
             f"needs attention: {exc}. Fix the job in the admin (it is queued again once it "
             "validates) or cancel it"
@@ -165,8 +165,8 @@ def requeue_if_fixed(job: Job, *, by: str, now: datetime) -> bool:
     if job.state != JobState.NEEDS_ATTENTION:
         return False
     try:
-        market_terms.validate_stored(job)
-    except market_terms.StoredSpecInvalid:
+        stored_spec.validate_stored(job)
+    except stored_spec.StoredSpecInvalid:
         return False
     try:
         lifecycle.requeue_after_fix(job.pk, by=by, now=now)

@@ -15,7 +15,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from hosts.vast import VastClient
-from jobs import checkpoints, renting, staging
+from jobs import checkpoints, staging
+from jobs.renting import rent
 from jobs.watchdog import passes
 from nomadgpu.models import Team
 
@@ -36,7 +37,7 @@ def watchdog_tick() -> dict:
 
 @shared_task(ignore_result=True, **VAST_TASK)
 def rent_attempt(attempt_id: int) -> str:
-    return renting.rent(attempt_id, now=timezone.now())
+    return rent.rent(attempt_id, now=timezone.now())
 
 
 @shared_task(

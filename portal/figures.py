@@ -19,16 +19,17 @@ from billing.services import projected_total
 from billing.spend import attempt_spend, spend_between
 from hosts import selection
 from hosts.vast import RetryPolicy, VastClient, VastError
-from jobs import anatomy, image_cache, job_status, lifecycle, market_terms, measured
-from jobs.market_terms import (
-    RankedOffer,
-    StoredSpecInvalid,
+from jobs import anatomy, job_status, lifecycle, rent_decision
+from jobs.models import Attempt, Job, shape_family, shape_of
+from jobs.rent_decision import RankedOffer
+from jobs.renting import corrections, image_cache, measures, shape_history
+from jobs.renting.terms import (
     profile_from_spec,
     requirements_from_spec,
     typed_profile_for,
 )
-from jobs.models import Attempt, Job, shape_family, shape_of
 from jobs.spec import JobSpec
+from jobs.stored_spec import StoredSpecInvalid
 from nomadgpu.humanize import duration, instance_price, money, percent_of
 
 logger = logging.getLogger(__name__)
@@ -326,7 +327,7 @@ class OfferRow:
     upload_usd: float
     interruptions_usd: float | None
     # The chance the machine still holds the job's image from an earlier rental of the team
-    # (``jobs.image_cache``); its pull is priced at the rest. 0: it never pulled it.
+    # (``jobs.renting.image_cache``); its pull is priced at the rest. 0: it never pulled it.
     image_cached_chance: float = 0.0
     machine_id: int | None = None
 
@@ -412,7 +413,7 @@ def offer_rows(decision: Mapping[str, Any] | None) -> list[OfferRow]:
     as offers-table rows, the one it rents first."""
     if not decision:
         return []
-    return [offer_row(n, c) for n, c in enumerate(market_terms.ranked_offers(decision), 1)]
+    return [offer_row(n, c) for n, c in enumerate(rent_decision.ranked_offers(decision), 1)]
 
 
 @dataclass
@@ -439,7 +440,7 @@ def preview_offers(spec: JobSpec, *, team, client: VastClient | None = None) -> 
     """The top offers for SPEC on TEAM's marketplace now, with the cost of the whole job."""
     req = requirements_from_spec(spec.requirements)
     history = spec_history(spec, team=team)
-    profile = measured.corrected_profile(
+    profile = corrections.corrected_profile(
         profile_from_spec(spec.profile, steps_total=spec.total_steps or 0), history
     )
     own = client is None
@@ -533,31 +534,31 @@ def gpu_count_blocker(spec: JobSpec, *, team, client: VastClient | None = None) 
 # --- Measured or typed: what an estimate is made of --------------------------------------------
 
 
-def spec_history(spec: JobSpec, *, team) -> measured.History:
+def spec_history(spec: JobSpec, *, team) -> measures.History:
     """What TEAM's runs of SPEC's shape measured (nothing for a shape never run)."""
     parts = {"name": spec.name, "image": spec.image, "command": spec.command,
              "setup": spec.setup, "env": spec.env}  # fmt: skip
     gpus = spec.requirements.num_gpus
     family = {n: shape for n, shape in shape_family(**parts).items() if n != gpus}
-    return measured.history_of(
+    return shape_history.history_of(
         team.pk, shape_of(**parts, num_gpus=gpus), image=spec.image, num_gpus=gpus, family=family
     )
 
 
-def preview_figures(spec: JobSpec, *, team) -> list[measured.FigureLine]:
+def preview_figures(spec: JobSpec, *, team) -> list[corrections.FigureLine]:
     """The new-job preview's figures, each measured (on how many runs) or typed."""
     typed = profile_from_spec(spec.profile, steps_total=spec.total_steps or 0)
-    return measured.figure_lines(typed, spec_history(spec, team=team))
+    return corrections.figure_lines(typed, spec_history(spec, team=team))
 
 
-def estimate_figures(job: Job) -> list[measured.FigureLine]:
+def estimate_figures(job: Job) -> list[corrections.FigureLine]:
     """The job page's figures, each measured (on how many runs) or typed; none while the
     stored spec does not validate (the page says that elsewhere)."""
     try:
         typed = typed_profile_for(job)
     except StoredSpecInvalid:
         return []
-    return measured.figure_lines(typed, measured.history_for(job))
+    return corrections.figure_lines(typed, shape_history.history_for(job))
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,9 @@ from django.utils import timezone
 from hosts import selection
 from hosts.models import Machine
 from hosts.vast import VastClient
-from jobs import lifecycle, renting
+from jobs import lifecycle
 from jobs.models import Interruption, JobEvent
+from jobs.renting import rent
 from jobs.watchdog import instance_status, outbids, poll
 from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS
 from tests.factories import JobFactory
@@ -39,7 +40,7 @@ def rented_bid(vast, **fields):
     )
     now = timezone.now()
     attempt = lifecycle.plan_rent(job.pk, now=now)
-    assert renting.rent(attempt.pk, now=now, client=vast) == "rented"
+    assert rent.rent(attempt.pk, now=now, client=vast) == "rented"
     attempt.refresh_from_db()
     return attempt
 

@@ -12,8 +12,9 @@ from django.utils import timezone
 from hosts import selection
 from hosts.models import Machine
 from hosts.vast import VastClient
-from jobs import lifecycle, renting
+from jobs import lifecycle
 from jobs.models import Interruption, JobEvent
+from jobs.renting import rent
 from jobs.watchdog import outbids, poll
 from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS
 from tests.factories import JobFactory
@@ -32,7 +33,7 @@ def rented(box, settings, requirements):
     now = timezone.now()
     attempt = lifecycle.plan_rent(job.pk, now=now)
     with VastClient(DEFAULT_KEY, box.url) as client:
-        assert renting.rent(attempt.pk, now=now, client=client) == "rented"
+        assert rent.rent(attempt.pk, now=now, client=client) == "rented"
     attempt.refresh_from_db()
     return attempt
 

@@ -2,7 +2,7 @@
 imports, and the rest of the project imports them from ``jobs.models``):
 
 - ``job``: ``Job``, its states and the named sets of them (``JobQuerySet``), its shape;
-- ``attempt``: ``Attempt``, one rental of one host for one job;
+- ``attempt``: ``Attempt``, one rental of one host for one job, and its instance label;
 - ``checkpoint``: ``Checkpoint``, ready only once verified;
 - ``events``: ``JobEvent``, ``Interruption``, ``LossPoint``: what happened to a job;
 - ``content``: ``WorkdirPack``, ``StagedObject``: code and weights a team stores once.
@@ -14,6 +14,8 @@ from jobs.models.attempt import (
     Attempt,
     AttemptQuerySet,
     AttemptState,
+    label_for,
+    parse_label,
 )
 from jobs.models.checkpoint import Checkpoint, CheckpointQuerySet, CheckpointState
 from jobs.models.content import StagedObject, StagedObjectState, WorkdirPack, WorkdirPackState
@@ -70,7 +72,9 @@ __all__ = [
     "StagedObjectState",
     "WorkdirPack",
     "WorkdirPackState",
+    "label_for",
     "loss_sample_every",
+    "parse_label",
     "shape_family",
     "shape_of",
 ]

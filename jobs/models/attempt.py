@@ -3,10 +3,31 @@ its own agent token and checkpoint prefix."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
 from jobs.models.job import Job
+
+
+# The instance label, ``ngpu:<env>:<job>:<attempt>``, written on every create: how a create
+# whose outcome was lost is found again and adopted, and how the reaper tells our instances (of
+# this environment) from everyone else's. One home for the format, both ways.
+def label_for(job: Job, number: int) -> str:
+    """The instance label of JOB's attempt NUMBER: how a lost create is found again."""
+    return f"ngpu:{settings.NOMADGPU_ENV}:{job.pk}:{number}"
+
+
+def parse_label(label: str | None) -> tuple[int, int] | None:
+    """(job id, attempt number) from one of our labels in this environment, else None."""
+    prefix = f"ngpu:{settings.NOMADGPU_ENV}:"
+    if not label or not label.startswith(prefix):
+        return None
+    try:
+        job_id, number = label[len(prefix) :].split(":")
+        return int(job_id), int(number)
+    except ValueError:
+        return None
 
 
 class AttemptState(models.TextChoices):
@@ -115,7 +136,7 @@ class Attempt(models.Model):
 
     created_at = models.DateTimeField(default=timezone.now)
     requested_at = models.DateTimeField(null=True, blank=True)
-    # Who claimed the rent ("host:pid:start", ``jobs.rent_claims``) and when a create was sent
+    # Who claimed the rent ("host:pid:start", ``jobs.renting.claims``) and when a create was sent
     # to the provider: a claim whose process died is settled at once, and only a create that
     # was sent can have made an instance to adopt.
     rent_claimed_by = models.CharField(max_length=120, blank=True)

@@ -81,8 +81,8 @@ def shape_of(
     *, name: str, image: str, command: str, setup: str, env: dict[str, Any], num_gpus: int
 ) -> str:
     """The key of a job's *shape*: two jobs of one team with the same key are the same job run
-    again, so what the earlier one measured (``jobs.measured``) corrects the later one's
-    estimate. The name alone would mix a 0.2 s toy with a 4 s one renamed alike; a digest of
+    again, so what the earlier one measured (``jobs.renting.shape_history``) corrects the later
+    one's estimate. The name alone would mix a 0.2 s toy with a 4 s one renamed alike; a digest of
     the workdir would make every new commit a stranger. So: the name, the image, the command,
     the setup, the environment (hyperparameters live there) and the number of GPUs (the speed
     is measured at that count); not the steps (the figures are per step or per host), the
@@ -99,7 +99,8 @@ def shape_family(
     *, name: str, image: str, command: str, setup: str, env: dict[str, Any]
 ) -> dict[int, str]:
     """``shape_of`` the same job at every GPU count it may ask for, by count: where the speed
-    measured at another count is found when none was at the job's own (``jobs.measured``)."""
+    measured at another count is found when none was at the job's own
+    (``jobs.renting.shape_history``)."""
     return {
         n: shape_of(name=name, image=image, command=command, setup=setup, env=env, num_gpus=n)
         for n in range(1, MAX_NUM_GPUS + 1)

@@ -14,10 +14,11 @@ from django.db.models import F
 
 from hosts.models import Machine
 from hosts.wait_or_move import ReturnHistory, WaitOrMove
-from jobs import lifecycle, renting
+from jobs import lifecycle
 from jobs.lifecycle import Loss
-from jobs.market_terms import RentDecision
 from jobs.models import Attempt, AttemptState
+from jobs.rent_decision import RentDecision
+from jobs.renting import interruption_rates
 
 
 def wait_choice_for(attempt: Attempt, *, offline_s: float, now: datetime) -> WaitOrMove:
@@ -30,7 +31,7 @@ def wait_choice_for(attempt: Attempt, *, offline_s: float, now: datetime) -> Wai
         cap_s=settings.HOST_RETURN_CAP_S,
         history=machine.return_history if machine else ReturnHistory(),
         usd_per_hour=attempt.dph_base or 0.0,
-        rates=renting.preemption_rates(attempt.job.team_id, now=now),
+        rates=interruption_rates.preemption_rates(attempt.job.team_id, now=now),
     )
 
 

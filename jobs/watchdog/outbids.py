@@ -10,9 +10,10 @@ from django.db.models import F
 
 from hosts import selection
 from hosts.vast import Instance, VastClient, VastError
-from jobs import lifecycle, renting
-from jobs.market_terms import RentDecision
+from jobs import lifecycle
 from jobs.models import Attempt, Checkpoint
+from jobs.rent_decision import RentDecision
+from jobs.renting import interruption_rates
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ def outbid_choice_for(
         bid_margin=attempt.bid_margin or 0.0,
         new_min_bid=instance.min_bid,
         max_bid_dph=job.requirements.get("max_bid_dph"),
-        rates=renting.preemption_rates(job.team_id, now=now),
+        rates=interruption_rates.preemption_rates(job.team_id, now=now),
     )
 
 

@@ -125,7 +125,7 @@ def plan_valid_rent(job_id: int, *, now: datetime) -> Attempt | None:
 def nudge_planned(now: datetime) -> int:
     """Send the rent message again for attempts planned long ago and still unclaimed; say how
     many. The first message was lost (a broker restart, a dropped message): without this the
-    planned attempt would hold the job's one live slot forever. ``renting.rent`` claims an
+    planned attempt would hold the job's one live slot forever. ``jobs.renting.rent.rent`` claims an
     attempt once, so a duplicate message is a no-op."""
     # No ordering: the model's default (by job) joined every attempt to its job for nothing.
     stale = (

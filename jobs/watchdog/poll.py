@@ -17,9 +17,9 @@ from django.db import InterfaceError, OperationalError
 from django.db.models import F
 
 from hosts.vast import Instance, VastClient, VastError
-from jobs import attention, renting
+from jobs import attention
 from jobs.lifecycle import Loss
-from jobs.models import ON_HOST_STATES, Attempt, AttemptState
+from jobs.models import ON_HOST_STATES, Attempt, AttemptState, parse_label
 from jobs.watchdog.adopt import adopt_or_close
 from jobs.watchdog.instance_status import OFFLINE, contract_end, provider_loss
 from jobs.watchdog.offline import note_host_back, offline_loss_unless_waiting
@@ -151,7 +151,7 @@ def reap_orphans(client: VastClient, instances: list[Instance], owned: set, now:
     """Destroy our labelled instances that no live attempt owns, after a grace period."""
     orphan_grace = timedelta(seconds=settings.ORPHAN_GRACE_S)
     for instance in instances:
-        if renting.parse_label(instance.label) is None:
+        if parse_label(instance.label) is None:
             continue  # not ours (or another environment's): never touched
         if instance.id in owned or instance.label in owned:
             continue

@@ -124,7 +124,8 @@ def outcomes_by_machine(pulls: Iterable[Pull]) -> dict[int, Outcomes]:
 
 def attempts_that_found_the_image(team_id: int, image: str) -> frozenset[int]:
     """The team's attempts whose machine held IMAGE from an earlier rental: their pull was no
-    pull, so the measured start-up leaves them out (``jobs.measured.measured_startup``)."""
+    pull, so the measured start-up leaves them out
+    (``jobs.renting.shape_history.measured_startup``)."""
     if not image:
         return frozenset()
     pulls = read_pulls(pulls_of(team_id, image))
