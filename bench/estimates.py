@@ -157,7 +157,7 @@ class Run:
     job_id: int
     estimate: float
     typed_host: float
-    history: object  # jobs.measured.History at submit
+    history: object  # jobs.renting.measures.History at submit
     invoiced: float = 0.0
     bound: float = 0.0
 
@@ -170,7 +170,8 @@ def submit(shape: Shape, number: int, team, user) -> Run:
     from django.utils import timezone
 
     from billing.services import estimate_remaining_usd
-    from jobs import lifecycle, market_terms, measured
+    from jobs import lifecycle
+    from jobs.renting import reference, shape_history, terms
     from sandbox.timing import image_bytes
 
     job = lifecycle.submit_job(
@@ -194,10 +195,10 @@ def submit(shape: Shape, number: int, team, user) -> Run:
         # The toy template's typed profile, with the image's true size (not learned).
         profile={"image_gb": image_bytes(IMAGE) / 1024**3, "model_gb": 0.0, "upload_gb": 0.01},
     )
-    history = measured.history_for(job)
-    typed_host = market_terms.reference_cost(
-        market_terms.requirements_for(job),
-        market_terms.profile_for(job, history),
+    history = shape_history.history_for(job)
+    typed_host = reference.reference_cost(
+        terms.requirements_for(job),
+        terms.profile_for(job, history),
         replace(history, host=None, last_decision={}),
     ).total_usd
     return Run(shape, number, job.pk, estimate_remaining_usd(job), typed_host, history)
@@ -247,14 +248,14 @@ def settle(runs: list[Run], team) -> None:
 def bound_estimate(job, history) -> float:
     """The pre-flight estimate had the job's own s/step and bytes been known at submit: the
     start-up and host as history had them, its speeds, downloads and checkpoints its own."""
-    from jobs import market_terms, measured
+    from jobs.renting import corrections, reference, shape_history, terms
 
-    own = measured.history_of(job.team_id, "", job_id=job.pk)
+    own = shape_history.history_of(job.team_id, "", job_id=job.pk)
     known = replace(history, speeds=own.speeds, download=own.download, checkpoints=own.checkpoints)
-    typed = market_terms.typed_profile_for(job)
+    typed = terms.typed_profile_for(job)
     typed = replace(typed, steps_done=0)  # as at submit
-    profile = measured.corrected_profile(typed, known)
-    return market_terms.reference_cost(market_terms.requirements_for(job), profile, known).total_usd
+    profile = corrections.corrected_profile(typed, known)
+    return reference.reference_cost(terms.requirements_for(job), profile, known).total_usd
 
 
 # ---- report ------------------------------------------------------------------------------------

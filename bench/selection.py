@@ -1,7 +1,7 @@
 """Benchmark: does ranking by expected total cost pick cheaper hosts than ranking by price?
 
 Usage: ``python bench/selection.py [--quick] [--seed N] [market.json]`` (no server and no
-database: Django is set up only to read the stored decision as ``jobs.market_terms`` does; a
+database: Django is set up only to read the stored decision as ``jobs.renting.terms`` does; a
 few seconds, ``--quick`` runs fewer simulated jobs).
 
 On the seeded market (``sandbox/market/offers.json``, else ``shared/market/offers.json``)
@@ -24,7 +24,7 @@ docstring gives the simulated market's truth): ``SIM_JOBS`` jobs of the field re
 in all; the image 0 or 5 GB, drawn per job) run one after another, event by event, under three
 policies: ``auto`` (``Requirements(rental="auto")`` with ``rates=`` the history the simulation
 has observed so far under that policy, empty at first so the prior applies; an outbid answered
-as ``jobs.watchdog`` does, by ``market_terms.RentDecision.outbid_choice``: raise the bid and
+as ``jobs.watchdog`` does, by ``rent_decision.RentDecision.outbid_choice``: raise the bid and
 stay, or move; the outbidder holds the machine for an exponential time of the sandbox's mean,
 then its min_bid falls back),
 ``on-demand``, and ``min-bid`` (``Requirements(rental="interruptible", bid_margins=(0.0,))``:
@@ -52,7 +52,7 @@ os.environ.setdefault("FIELD_ENCRYPTION_KEY", "YmVuY2gtb25seS1rZXktYmVuY2gtb25se
 
 import django  # noqa: E402
 
-django.setup()  # the outbid answer reads the stored decision through jobs.market_terms
+django.setup()  # the outbid answer reads the stored decision through jobs.rent_decision
 
 from bench.support import line  # noqa: E402
 from bench.support.preemption_sim import AUTO, MIN_BID, ON_DEMAND, simulate  # noqa: E402

@@ -34,7 +34,7 @@ django.setup()  # the job file is read through jobs.spec, as a submit reads it
 from bench.support import line  # noqa: E402
 from hosts.selection import JobProfile, Requirements, choose_offer  # noqa: E402
 from hosts.vast import parse_offer  # noqa: E402
-from jobs import market_terms  # noqa: E402
+from jobs.renting import terms  # noqa: E402
 from jobs.spec import JobSpec  # noqa: E402
 
 MARKETS = (
@@ -50,8 +50,8 @@ def field_report_job() -> tuple[Requirements, JobProfile]:
     raw = tomllib.loads((ROOT / "examples" / "qlora" / "job.toml").read_text())
     raw.pop("workdir", None)  # a folder the CLI packs
     spec = JobSpec(**raw)
-    req = market_terms.requirements_from_spec(spec.requirements)
-    profile = market_terms.profile_from_spec(spec.profile, steps_total=spec.total_steps or 0)
+    req = terms.requirements_from_spec(spec.requirements)
+    profile = terms.profile_from_spec(spec.profile, steps_total=spec.total_steps or 0)
     return req, replace(profile, model_gb=BF16_GB)
 
 

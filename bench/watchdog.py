@@ -7,7 +7,7 @@ end; SQLite a file in a temporary folder.
 
 Each size is N running attempts (rows made with ``bulk_create``), all healthy but ``DUE`` whose
 heartbeat deadline has passed: the due ones are made fresh before every timed tick, since a tick
-closes them and plans their replacements. Timed: ``jobs.watchdog.tick(poll_provider=False)``
+closes them and plans their replacements. Timed: ``jobs.watchdog.passes.tick(poll_provider=False)``
 with nothing due and with the due ones (the provider poll is one paged list call per account,
 left out) and, separately,
 ``find_due_losses``; counted: their queries (``CaptureQueriesContext``). The medians of
@@ -132,10 +132,10 @@ def measure(fn) -> tuple[float, int]:
 def bench_size(fleet: Fleet) -> dict:
     from django.utils import timezone
 
-    from jobs import watchdog
+    from jobs.watchdog import deadlines, passes
 
     def idle_tick() -> None:
-        done = watchdog.tick(now=timezone.now(), poll_provider=False)
+        done = passes.tick(now=timezone.now(), poll_provider=False)
         assert done["lost"] == 0, f"{done['lost']} healthy attempts counted as lost"
 
     idle = [measure(idle_tick) for _ in range(REPEATS)]
@@ -143,18 +143,18 @@ def bench_size(fleet: Fleet) -> dict:
     for _ in range(REPEATS):
         fleet.add(DUE, due=True)
         now = timezone.now()
-        found = watchdog.find_due_losses(now)
+        found = deadlines.find_due_losses(now)
         assert len(found) == DUE, f"{len(found)} due attempts found, {DUE} made"
-        finds.append(measure(lambda now=now: watchdog.find_due_losses(now)))
+        finds.append(measure(lambda now=now: deadlines.find_due_losses(now)))
         done: dict = {}
         ticks.append(
             measure(
-                lambda now=now, done=done: done.update(watchdog.tick(now=now, poll_provider=False))
+                lambda now=now, done=done: done.update(passes.tick(now=now, poll_provider=False))
             )
         )
         assert done["lost"] == DUE, f"the tick handled {done['lost']} of {DUE} losses"
         assert done["planned"] == DUE, f"the tick planned {done['planned']} of {DUE} rents"
-        assert not watchdog.find_due_losses(now), "the tick left due attempts behind"
+        assert not deadlines.find_due_losses(now), "the tick left due attempts behind"
     return {
         "idle_s": statistics.median(t for t, _ in idle),
         "idle_queries": max(q for _, q in idle),
@@ -171,13 +171,13 @@ def profile_tick(fleet: Fleet) -> None:
 
     from django.utils import timezone
 
-    from jobs import watchdog
+    from jobs.watchdog import passes
 
     fleet.add(1000, due=False)
-    watchdog.tick(now=timezone.now(), poll_provider=False)
+    passes.tick(now=timezone.now(), poll_provider=False)
     fleet.add(DUE, due=True)
     prof = cProfile.Profile()
-    prof.runcall(watchdog.tick, now=timezone.now(), poll_provider=False)
+    prof.runcall(passes.tick, now=timezone.now(), poll_provider=False)
     pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
 
 
@@ -210,7 +210,7 @@ def run_backend(backend: str, sizes: tuple[int, ...], profile: bool = False) -> 
         from django.db import connection
         from django.utils import timezone
 
-        from jobs import watchdog
+        from jobs.watchdog import passes
 
         call_command("migrate", verbosity=0)
         fleet = Fleet()
@@ -222,7 +222,7 @@ def run_backend(backend: str, sizes: tuple[int, ...], profile: bool = False) -> 
             if backend == "postgres":
                 with connection.cursor() as cursor:
                     cursor.execute("ANALYZE")  # autovacuum would, minutes later
-            watchdog.tick(now=timezone.now(), poll_provider=False)  # warm
+            passes.tick(now=timezone.now(), poll_provider=False)  # warm
             results[size] = bench_size(fleet)
         report(backend, results)
     finally:

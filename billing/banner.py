@@ -25,7 +25,7 @@ from django.urls import reverse
 
 from billing.enforce import statuses_to_check
 from billing.models import LimitKind, TeamBudget
-from billing.services import ACTIVE_JOB_STATES, WARN_AT, LimitStatus
+from billing.services import WARN_AT, LimitStatus
 from jobs.models import Job, JobState
 from nomadgpu.humanize import money, percent_of
 from nomadgpu.permissions import get_team_for_member_or_404
@@ -57,7 +57,7 @@ def limits_apply(team) -> bool:
         )
     ):
         return True
-    active = Job.objects.filter(team=team, state__in=ACTIVE_JOB_STATES)
+    active = Job.objects.active().filter(team=team)
     return active.exclude(budget_usd=None).exists()
 
 

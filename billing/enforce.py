@@ -48,7 +48,6 @@ from django.db import IntegrityError, InterfaceError, OperationalError, transact
 
 from billing.models import BudgetPause, BudgetReservation, BudgetWarning
 from billing.services import (
-    ACTIVE_JOB_STATES,
     WARN_AT,
     LimitStatus,
     job_limit_status,
@@ -57,7 +56,7 @@ from billing.services import (
 )
 from billing.spend import job_spend
 from jobs import attention, lifecycle
-from jobs.models import ON_HOST_STATES, Attempt, AttemptState, Checkpoint, Job
+from jobs.models import ACTIVE_STATES, ON_HOST_STATES, Attempt, AttemptState, Checkpoint, Job
 from nomadgpu.humanize import money
 from nomadgpu.models import ServiceHeartbeat, Team
 
@@ -122,7 +121,7 @@ def budget_pass(*, now: datetime) -> dict[str, int]:
     _longest_gap_s = max(gaps, default=0.0)
     try:
         finish_pauses(report, now=now)
-        teams = Team.objects.filter(jobs__state__in=ACTIVE_JOB_STATES).distinct().order_by("pk")
+        teams = Team.objects.filter(jobs__state__in=ACTIVE_STATES).distinct().order_by("pk")
         for team in teams:
             as_unit(f"team {team.pk}", check_team, team, report, now=now)
         finish_pauses(report, now=now)
@@ -202,7 +201,7 @@ def stop_job(job_id: int, status: LimitStatus, report: dict[str, int], *, now: d
 
 def statuses_to_check(team: Team, *, now: datetime) -> list[LimitStatus]:
     """The limits of TEAM's active jobs: the team's, their submitters', their own."""
-    active = Job.objects.filter(team=team, state__in=ACTIVE_JOB_STATES)
+    active = Job.objects.active().filter(team=team)
     users = set(active.values_list("created_by_id", flat=True))
     found = team_limit_statuses(team, now=now, users=users)
     for job in active.exclude(budget_usd=None):
@@ -352,7 +351,7 @@ def start_pause(job_id: int, status: LimitStatus, *, now: datetime) -> bool:
     """Begin stopping JOB_ID for STATUS's limit: open a pause with a deadline and ask a training
     agent for a checkpoint (one still starting is asked once it trains); a job with no host
     is released at once. False when the job ended or a pause is open already."""
-    job = Job.objects.select_for_update().filter(pk=job_id, state__in=ACTIVE_JOB_STATES[1:])
+    job = Job.objects.select_for_update().started().filter(pk=job_id)
     if not job.exists() or BudgetPause.objects.filter(job_id=job_id, released_at=None).exists():
         return False
     live = Attempt.objects.filter(job_id=job_id, state__in=ON_HOST_STATES).first()
@@ -472,7 +471,7 @@ def release(pause: BudgetPause, *, now: datetime) -> bool:
         return False
     BudgetReservation.objects.filter(job_id=pause.job_id).delete()
     job = Job.objects.select_for_update().get(pk=pause.job_id)
-    if job.state not in ACTIVE_JOB_STATES:
+    if job.state not in ACTIVE_STATES:
         return False  # finished, failed or cancelled meanwhile: nothing to release
     step = Checkpoint.objects.filter(job=job).newest_ready_step()
     spent = job_spend(job, now=now).total

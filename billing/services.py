@@ -8,13 +8,13 @@ the per-member monthly limit over the jobs a member submitted. Spend comes from 
 recorded rates (``billing.spend``), clipped to each period.
 
 The pre-flight estimate is the selection's cost model (``hosts.selection.estimate_cost``)
-before any market search (``jobs.market_terms.reference_cost``: the cheapest of the offers
+before any market search (``jobs.renting.reference.reference_cost``: the cheapest of the offers
 the newest rent of the job's shape weighed, priced again with what is measured now; else the
 host its rents paid for; else the profile's reference GPU at ``BUDGET_ESTIMATE_DPH`` $/h per
 GPU): submitting must not depend on the provider answering, and the cheapest host is not
 known until the rent. The job's terms come
-from the same translation the rent uses (``market_terms.estimate_for``: ``requirements_for``,
-``profile_for`` corrected by what the shape's runs measured, ``jobs.measured``).
+from the same translation the rent uses (``reference.estimate_for``: ``requirements_for``,
+``profile_for`` corrected by what the shape's runs measured, ``jobs.renting.shape_history``).
 """
 
 from __future__ import annotations
@@ -29,18 +29,13 @@ from django.db.models import Q
 from billing.models import BudgetPause, BudgetReservation, LimitKind, TeamBudget
 from billing.periods import period_bounds
 from billing.spend import burn_rate_per_hour, job_spend, spend_between
-from jobs.market_terms import RentDecision, StoredSpecInvalid, estimate_for
-from jobs.models import Attempt, Job, JobState
+from jobs.models import ACTIVE_STATES, Attempt, Job, JobState
+from jobs.rent_decision import RentDecision
+from jobs.renting.reference import estimate_for
 from jobs.spending import ALLOW, Verdict
+from jobs.stored_spec import StoredSpecInvalid
 from nomadgpu.humanize import money, share
 
-ACTIVE_JOB_STATES = (
-    JobState.QUEUED,
-    JobState.RENTING,
-    JobState.STARTING,
-    JobState.RUNNING,
-    JobState.RECOVERING,
-)
 WARN_AT = 0.8
 # A job waiting for budget (queued to start when it allows, or refused a rent) looks again
 # this often: a new period or a raised limit is picked up within a minute.
@@ -78,8 +73,8 @@ class LimitStatus:
     def affected_jobs(self, *, started_only: bool = False) -> Iterable[int]:
         """Ids of the active jobs under this limit; STARTED_ONLY leaves out queued jobs (they
         hold no machine, and the rent reservation keeps them waiting until the budget allows)."""
-        states = ACTIVE_JOB_STATES[1:] if started_only else ACTIVE_JOB_STATES
-        jobs = Job.objects.filter(team_id=self.team_id, state__in=states)
+        jobs = Job.objects.started() if started_only else Job.objects.active()
+        jobs = jobs.filter(team_id=self.team_id)
         if self.kind == LimitKind.JOB:
             jobs = jobs.filter(pk=self.job_id)
         elif self.kind == LimitKind.MEMBER_MONTH:
@@ -234,7 +229,7 @@ def _held_by_others(status: LimitStatus, job: Job, *, now: datetime) -> float:
     if status.kind == LimitKind.JOB:
         return 0.0
     held = (
-        BudgetReservation.objects.filter(team_id=status.team_id, job__state__in=ACTIVE_JOB_STATES)
+        BudgetReservation.objects.filter(team_id=status.team_id, job__state__in=ACTIVE_STATES)
         .exclude(job=job)
         .select_related("job")
     )

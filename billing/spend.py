@@ -41,7 +41,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from datetime import datetime
 
-from jobs.market_terms import RentDecision
+from jobs.rent_decision import RentDecision
 
 GB = 1024**3
 

@@ -13,21 +13,12 @@ from hosts.wait_or_move import ReturnHistory
 OFFER_FACTS = ("geolocation", "host_id", "num_gpus")
 
 
-def decided_offer(decision: dict | None, offer_id: int | None) -> dict:
-    """The summary of offer OFFER_ID among DECISION's chosen offer and candidates; {} if absent
-    (an adopted instance, or a decision recorded without candidates)."""
-    decision = decision or {}
-    ranked = [decision.get("chosen") or {}, *(decision.get("candidates") or [])]
-    offers = (r.get("offer") or {} for r in ranked)
-    return next((o for o in offers if offer_id is not None and o.get("id") == offer_id), {})
-
-
 class MachineManager(models.Manager):
     def note_rented(
         self, machine_id: int, *, gpu_name: str, at: datetime | None, offer: dict
     ) -> None:
         """Count a rental of MACHINE_ID at AT; fill in where it is and what it holds from the
-        OFFER it was rented through (``decided_offer``), as far as the offer says."""
+        OFFER it was rented through (``RentDecision.offer_summary``), as far as the offer says."""
         machine, _ = self.get_or_create(machine_id=machine_id, defaults={"gpu_name": gpu_name})
         facts = {k: offer[k] for k in OFFER_FACTS if offer.get(k) not in (None, "")}
         self.filter(pk=machine.pk).update(

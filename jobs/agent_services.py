@@ -23,7 +23,6 @@ from jobs import (
     job_secrets,
     lifecycle,
     staging,
-    stall,
     workdirs,
 )
 from jobs import checkpoint_interval as ci
@@ -36,6 +35,7 @@ from jobs.models import (
     LossPoint,
     loss_sample_every,
 )
+from jobs.watchdog import stall
 from nomadgpu.storage import object_store
 from nomadgpu.tokens import token_matches, token_prefix
 

@@ -4,24 +4,24 @@ back; it never stops the loop"). And a job whose stored spec no longer validates
 by hand in the admin) is held until it is fixed (``hold_if_spec_invalid``,
 ``requeue_if_fixed``), instead of failing every rent the same way.
 
-``guarded`` runs one row's work. An exception is logged with the row's id, written once as a
+``with attention.row(job_id=..., what=..., now=...) as row:`` runs one row's work, the guard
+visible at the call site (healthchecks' ``sendalerts`` handles one check per call, its
+try/except right there). An exception inside is logged with the row's id, written once as a
 ``supervisor_error`` event on its job (the same error again on the next tick is not written
-again), and the pass goes on. The rows failing lately are kept on the ``attention``
-``ServiceHeartbeat`` (``record_pass``), which the status page counts ("1 job needs
-attention") without naming them. A lost database connection is not a row's fault: it
+again), ``row.failed`` is set, and the pass goes on. The rows failing lately are kept on the
+``attention`` ``ServiceHeartbeat`` (``record_pass``), which the status page counts ("1 job
+needs attention") without naming them. A lost database connection is not a row's fault: it
 still ends the pass.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TypeVar
 
 from django.db import InterfaceError, OperationalError, transaction
 
-from jobs import lifecycle, market_terms
+from jobs import lifecycle, stored_spec
 from jobs.models import Job, JobEvent, JobState
 from nomadgpu.models import ServiceHeartbeat
 
@@ -29,27 +29,47 @@ logger = logging.getLogger(__name__)
 
 ATTENTION = "attention"
 EVENT = "supervisor_error"
-T = TypeVar("T")
 
 _failed_jobs: set[int] = set()
 _failed_accounts: dict[str, str] = {}
 
 
-def guarded(
-    func: Callable[..., T], *args, now: datetime, job_id: int | None, what: str, **kwargs
-) -> T | None:
-    """FUNC(*ARGS, now=NOW, **KWARGS) for the row of JOB_ID; None when it raised (logged and
-    noted on the job, see the module docstring). WHAT says what was being done to the job."""
-    try:
-        return func(*args, now=now, **kwargs)
-    except (OperationalError, InterfaceError):
-        raise  # the database itself: every row would fail the same way
-    except Exception as exc:
-        logger.exception("watchdog: could not %s for job %s", what, job_id)
-        if job_id is not None:
-            _failed_jobs.add(job_id)
-            note_on_job(job_id, f"the supervisor could not {what}: {describe(exc)}", now=now)
-        return None
+class Row:
+    """One row's work in a pass (``row``): an exception raised inside is logged, noted on the
+    row's job and swallowed; ``failed`` says whether that happened. A lost database connection
+    is not the row's fault: it propagates and ends the pass."""
+
+    def __init__(self, *, job_id: int | None, what: str, now: datetime) -> None:
+        self.job_id, self.what, self.now = job_id, what, now
+        self.failed = False
+
+    def __enter__(self) -> Row:
+        return self
+
+    def __exit__(self, kind, exc, traceback) -> bool:
+        if exc is None or isinstance(exc, OperationalError | InterfaceError):
+            return False  # the database itself: every row would fail the same way
+        if not isinstance(exc, Exception):
+            return False  # KeyboardInterrupt, SystemExit: not a row's fault either
+        logger.error(
+            "watchdog: could not %s for job %s",
+            self.what,
+            self.job_id,
+            exc_info=(kind, exc, traceback),
+        )
+        self.failed = True
+        if self.job_id is not None:
+            _failed_jobs.add(self.job_id)
+            note_on_job(
+                self.job_id, f"the supervisor could not {self.what}: {describe(exc)}", now=self.now
+            )
+        return True
+
+
+def row(*, job_id: int | None, what: str, now: datetime) -> Row:
+    """The guard of one row's work, for a ``with`` block: see ``Row``. WHAT says what is being
+    done to the job of JOB_ID ("handle its host's loss")."""
+    return Row(job_id=job_id, what=what, now=now)
 
 
 def describe(exc: BaseException) -> str:
@@ -86,7 +106,7 @@ def begin_pass() -> None:
     _failed_accounts.clear()
 
 
-# A failed row is tried again about a minute later (``jobs.watchdog.FAILED_ROW_RETRY``): it
+# A failed row is tried again about a minute later (``jobs.watchdog.passes.FAILED_ROW_RETRY``): it
 # counts as failing until it has not failed again for this long.
 FAILING_FOR = timedelta(seconds=150)
 
@@ -125,8 +145,8 @@ def hold_if_spec_invalid(job: Job, *, now: datetime) -> bool:
     ``JobSpec``: one event names each field ("requirements: unknown key 'gpu_name'"). True
     when it was held (nothing should rent it)."""
     try:
-        market_terms.validate_stored(job)
-    except market_terms.StoredSpecInvalid as exc:
+        stored_spec.validate_stored(job)
+    except stored_spec.StoredSpecInvalid as exc:
         why = (
             f"needs attention: {exc}. Fix the job in the admin (it is queued again once it "
             "validates) or cancel it"
@@ -145,8 +165,8 @@ def requeue_if_fixed(job: Job, *, by: str, now: datetime) -> bool:
     if job.state != JobState.NEEDS_ATTENTION:
         return False
     try:
-        market_terms.validate_stored(job)
-    except market_terms.StoredSpecInvalid:
+        stored_spec.validate_stored(job)
+    except stored_spec.StoredSpecInvalid:
         return False
     try:
         lifecycle.requeue_after_fix(job.pk, by=by, now=now)

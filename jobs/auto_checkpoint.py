@@ -22,10 +22,11 @@ from datetime import datetime
 from hosts import selection
 from hosts.models import Machine
 from hosts.selection import BYTES_PER_GB
-from jobs import attention, lifecycle, renting
+from jobs import attention, lifecycle
 from jobs import checkpoint_interval as ci
-from jobs.market_terms import RentDecision
 from jobs.models import Attempt, AttemptState, Checkpoint, CheckpointState, Job, JobEvent
+from jobs.rent_decision import RentDecision
+from jobs.renting import interruption_rates
 
 logger = logging.getLogger(__name__)
 
@@ -56,18 +57,11 @@ def ask_due_checkpoints(now: datetime) -> int:
     for attempt in auto_attempts():
         team_id = attempt.job.team_id
         if team_id not in rates:
-            rates[team_id] = renting.preemption_rates(team_id, now=now)
+            rates[team_id] = interruption_rates.preemption_rates(team_id, now=now)
         # One bad row must not stop the tick (losses, nudges): its error stays with its job.
-        asked += bool(
-            attention.guarded(
-                decide,
-                attempt,
-                rates=rates[team_id],
-                now=now,
-                job_id=attempt.job_id,
-                what="decide when to ask it for a checkpoint",
-            )
-        )
+        what = "decide when to ask it for a checkpoint"
+        with attention.row(job_id=attempt.job_id, what=what, now=now):
+            asked += bool(decide(attempt, rates=rates[team_id], now=now))
     return asked
 
 
@@ -252,7 +246,7 @@ def page_summary(job: Job, *, now: datetime) -> dict | None:
     running = job.attempts.filter(state=AttemptState.RUNNING).first()
     choice: dict | None = None
     if running is not None:
-        rates = renting.preemption_rates(job.team_id, now=now)
+        rates = interruption_rates.preemption_rates(job.team_id, now=now)
         choice = interval_for(running, rates=rates, now=now).as_dict()
     else:
         last = JobEvent.objects.filter(job=job, kind=ASKED).order_by("-created_at").first()

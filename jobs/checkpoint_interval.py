@@ -6,9 +6,10 @@ mean time between failures. Checkpointing more often pays δ more often; less of
 work per interruption (half an interval on average). The interval minimises the sum.
 
 - λ (failures per hour) is the team's history for the rental type and GPU model
-  (``jobs.renting.preemption_rates``, already blended with ``hosts.selection.prior_rate``);
-  its host-loss share is blended again with the machine's own record (its interruptions in its
-  rented hours), the team's rate weighing ``selection.PRIOR_WEIGHT_H`` hours. MTBF = 1/λ.
+  (``jobs.renting.interruption_rates.preemption_rates``, already blended with
+  ``hosts.selection.prior_rate``); its host-loss share is blended again with the machine's own
+  record (its interruptions in its rented hours), the team's rate weighing
+  ``selection.PRIOR_WEIGHT_H`` hours. MTBF = 1/λ.
 - δ is what an upload takes on *this* host (``checkpoint_cost_s``): the median of the
   attempt's own uploads (checkpoint announced → ready); before its first, the checkpoint's size
   (the job's newest checkpoint, else the spec's ``checkpoint_gb``) over the host's advertised

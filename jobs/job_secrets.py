@@ -6,7 +6,7 @@ A job stores names (``Job.secrets``, ``Job.image_login_secret``, a git workdir's
 - the agent's register reply (``register_secrets``): the attempt's own token, over HTTPS;
 - Vast's create request, for the registry login only (``image_login_for``): Vast's ``image_login``
   is how a host pulls a private image; the documented instance object does not carry it back
-  (``hosts/sandbox/README.md``), unlike ``env``, ``onstart`` and ``label``;
+  (``sandbox/README.md``), unlike ``env``, ``onstart`` and ``label``;
 - masking (``mask_for``): what an agent sends back is masked by the agent; the server masks the
   log tail again where it keeps it for good (at exit) and where it shows it (job page, member
   API, admin), never on the heartbeat's hot path, which stays two statements.

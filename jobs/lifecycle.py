@@ -1,4 +1,6 @@
-"""The job state machine: every transition is one function here, and only here.
+"""The job state machine: every transition is one function here, and only here. (One file
+over 500 lines on purpose: the whole state machine, each transition with its guard, reads in
+one place.)
 
 Each claims the job row with a guarded update (``filter(pk=, state__in=allowed).update(...)``,
 exactly one row or the transition is refused), writes a ``JobEvent``, and defers side effects
@@ -14,8 +16,9 @@ Who moves a job, and when:
   every job that needs a host (a lost one's too); ``mark_rented`` records the instance;
 - the agent's heartbeats report training (``mark_running``) and the command's end, or its
   setup's failure (``handle_exit``); the watchdog and the agent API report a lost host
-  (``handle_loss``: the job recovers and the watchdog's next pass plans the replacement), a
-  contract about to end (``move_before_contract_end``);
+  (``handle_loss``: the job recovers; the watchdog plans the replacement in the same pass
+  that found the loss, or in its next pass when the agent API reported it), a contract about
+  to end (``move_before_contract_end``);
 - a job whose stored spec no longer validates (JSON edited by hand) stops renting and waits
   for a person (``hold_for_attention``; ``jobs.attention`` decides, before each rent is
   planned and when a rent meets it); fixing it in the admin queues it again
@@ -37,15 +40,15 @@ from datetime import datetime, timedelta
 from functools import partial
 
 from celery import current_app
-from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F, Max, Q
 
-from hosts.models import Machine, decided_offer
+from hosts.models import Machine
 from jobs import spending
 from jobs.models import (
     LIVE_ATTEMPT_STATES,
     ON_HOST_STATES,
+    TERMINAL_STATES,
     Attempt,
     AttemptState,
     Checkpoint,
@@ -54,7 +57,9 @@ from jobs.models import (
     Job,
     JobEvent,
     JobState,
+    label_for,
 )
+from jobs.rent_decision import RentDecision
 from jobs.spending import BudgetExceeded
 from nomadgpu.crypto import new_data_key
 from nomadgpu.humanize import instance_price
@@ -62,8 +67,6 @@ from nomadgpu.humanize import instance_price
 logger = logging.getLogger(__name__)
 
 S = JobState
-TERMINAL = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
-NEEDS_HOST = (S.QUEUED, S.RENTING, S.RECOVERING)
 ALLOWED_FROM: dict[str, frozenset[str]] = {
     S.RENTING: frozenset({S.QUEUED, S.RECOVERING, S.RENTING}),
     S.STARTING: frozenset({S.RENTING}),
@@ -150,7 +153,7 @@ def record_event(job_id: int, *, now: datetime, kind: str, message: str = "", **
 
 def is_terminal(state: str) -> bool:
     """The job has ended for good (succeeded, failed or cancelled)."""
-    return state in TERMINAL
+    return state in TERMINAL_STATES
 
 
 def after_commit(func, *args, **kwargs) -> None:
@@ -210,11 +213,6 @@ def submit_job(*, team, created_by, now: datetime, **fields) -> Job:
     return job
 
 
-def label_for(job: Job, number: int) -> str:
-    """The instance label of JOB's attempt NUMBER: how a lost create is found again."""
-    return f"ngpu:{settings.NOMADGPU_ENV}:{job.pk}:{number}"
-
-
 def plan_rent(job_id: int, *, now: datetime) -> Attempt | None:
     """Commit the next attempt row for a job that needs a host (the job is then renting) and
     send the rent task; None when none is needed, another worker planned it, or the spending
@@ -222,7 +220,8 @@ def plan_rent(job_id: int, *, now: datetime) -> Attempt | None:
     with transaction.atomic():
         job = (
             Job.objects.select_for_update()
-            .filter(pk=job_id, state__in=NEEDS_HOST)
+            .needs_host()
+            .filter(pk=job_id)
             .exclude(stage_state=STAGING)  # the planner waits for the job's staged weights
             .first()
         )
@@ -302,16 +301,14 @@ def mark_rented(
 
 def _rented_price(attempt: Attempt) -> str:
     """The rented instance's $/h for all its GPUs, per GPU beside it for several."""
-    chosen = attempt.decision.get("chosen") if isinstance(attempt.decision, dict) else None
-    offer = chosen.get("offer") if isinstance(chosen, dict) else None
-    count = offer.get("num_gpus") if isinstance(offer, dict) else None
-    return instance_price(attempt.dph_base, count if isinstance(count, int) else 1)
+    return instance_price(attempt.dph_base, RentDecision.of(attempt).chosen_gpu_count)
 
 
 def _note_machine_rented(attempt: Attempt) -> None:
     if attempt.machine_id is None:
         return
-    offer = decided_offer(attempt.decision, attempt.offer_id)  # where it is: the admin shows it
+    # Where it is (the admin shows it), from the offer it was rented through.
+    offer = dict(RentDecision.of(attempt).offer_summary(attempt.offer_id))
     Machine.objects.note_rented(
         attempt.machine_id, gpu_name=attempt.gpu_name, at=attempt.rented_at, offer=offer
     )
@@ -339,7 +336,14 @@ def close_attempt(attempt_id: int, *, reason: str, now: datetime, states=None) -
 
 def handle_loss(loss: Loss, *, now: datetime) -> bool:
     """The host of LOSS.attempt_id is lost: record it, release it; the job recovers, and the
-    watchdog's next pass plans the replacement (``plan_rent``, with the machine avoided)."""
+    watchdog plans the replacement (``plan_rent``, with the machine avoided): in the same pass
+    when the watchdog found the loss, in its next one when the agent API reported it.
+
+    Never two contracts training: the attempt ends here (its token dies with it) in the same
+    transaction that moves the job to recovering, and the partial unique index on live
+    attempts lets a job have one, so the replacement is the job's only live attempt; the old
+    instance is destroyed after this commits, and its agent, should it come back, is answered
+    410 on every call and stops (fencing)."""
     with transaction.atomic():
         attempt = close_attempt(loss.attempt_id, reason=loss.cause, now=now, states=ON_HOST_STATES)
         if attempt is None:

@@ -8,7 +8,7 @@ Shape: the job's own fields at the top level, ``env`` (added to the command's en
 ``requirements`` (what a host must have: ``hosts.selection.Requirements``) and ``profile``
 (what the cost model multiplies: ``hosts.selection.JobProfile``). Unknown keys are errors, not
 silently dropped: a typo in ``min_reliabilty`` must not rent an unreliable host. The defaults
-here are the product's only ones: ``jobs.market_terms`` reads a stored job through these
+here are the product's only ones: ``jobs.renting.terms`` reads a stored job through these
 schemas too, so a key a job leaves out means the same at submit, at rent and in the budget.
 """
 
@@ -74,7 +74,7 @@ def _env_names(env: dict[str, str]) -> dict[str, str]:
 
 
 # The command's extra environment: a type of its own, so a job's stored env is checked by the
-# same rules (``jobs.market_terms.validate_stored``).
+# same rules (``jobs.stored_spec.validate_stored``).
 EnvVars = Annotated[dict[str, Annotated[str, Field(max_length=10_000)]], AfterValidator(_env_names)]
 
 

@@ -15,7 +15,9 @@ from django.conf import settings
 from django.utils import timezone
 
 from hosts.vast import VastClient
-from jobs import checkpoints, renting, staging, watchdog
+from jobs import checkpoints, staging
+from jobs.renting import rent
+from jobs.watchdog import passes
 from nomadgpu.models import Team
 
 logger = logging.getLogger(__name__)
@@ -30,12 +32,12 @@ VAST_TASK = {
 
 @shared_task(ignore_result=True, **VAST_TASK)
 def watchdog_tick() -> dict:
-    return watchdog.tick(now=timezone.now())
+    return passes.tick(now=timezone.now())
 
 
 @shared_task(ignore_result=True, **VAST_TASK)
 def rent_attempt(attempt_id: int) -> str:
-    return renting.rent(attempt_id, now=timezone.now())
+    return rent.rent(attempt_id, now=timezone.now())
 
 
 @shared_task(

@@ -1,8 +1,8 @@
 """Is the supervisor keeping up? One rule, read by the status page and by ``manage.py check``.
 
-The watchdog writes its ``ServiceHeartbeat`` row on every tick (``jobs.watchdog.record_tick``);
-a tick older than ``FRESH_INTERVALS`` intervals means beat, the broker or every worker is not
-keeping up (one late tick is not an outage).
+The watchdog writes its ``ServiceHeartbeat`` row on every tick
+(``jobs.watchdog.passes.record_tick``); a tick older than ``FRESH_INTERVALS`` intervals means
+beat, the broker or every worker is not keeping up (one late tick is not an outage).
 
 ``manage.py check`` (and ``migrate``, ``runserver`` and each Celery process as they start) says
 so (``nomadgpu.W010``) only when it is true that the watchdog *should* be ticking:

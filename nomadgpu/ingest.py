@@ -8,7 +8,7 @@ its database answers. The first write after a gap of more than ``GAP_INTERVALS``
 ends the outage: the one the watchdog opened meanwhile is closed, or, when nothing could run
 (a database outage stops the watchdog too), a closed one is recorded. The watchdog reads all
 this through ``read_ingest`` and counts each attempt's silence from the end of the newest
-outage (``jobs.silence``). Outages are ``IngestOutage`` rows; the status page lists them.
+outage (``jobs.watchdog.silence``). Outages are ``IngestOutage`` rows; the status page lists them.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
 from agent.ckptcrypto import DecryptingReader
-from jobs import auto_checkpoint, job_secrets, lifecycle, market_terms, staging, workdirs
+from jobs import auto_checkpoint, job_secrets, lifecycle, rent_decision, staging, workdirs
 from jobs.models import Checkpoint, Job, JobState
 from jobs.spec import JOB_TEMPLATES, MissingSecret, submit_spec, template_spec
 from jobs.spending import BudgetExceeded
@@ -71,7 +71,7 @@ def dashboard(request):
         "rows": rows,
         "limit": DASHBOARD_JOBS,
         "any_live": any(r.live for r in rows),
-        "live_count": team.jobs.exclude(state__in=lifecycle.TERMINAL).count() if team else 0,
+        "live_count": team.jobs.unfinished().count() if team else 0,
         "month_spend": portal.team_month_spend(team, now=now) if team else 0.0,
     }
     return render(request, "nomadgpu/dashboard.html", context)
@@ -269,7 +269,7 @@ def detail_context(request: HttpRequest, job: Job) -> dict:
     row = portal.job_row(job, now=now)
     checkpoints = job.checkpoints.ready().select_related("attempt")
     spend_points, spend_unit = portal.spend_series(job, now=now)
-    decision = market_terms.page_decision(job.attempts.all())
+    decision = rent_decision.page_decision(job.attempts.all())
     return {
         "job": job,
         "row": row,

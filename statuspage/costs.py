@@ -23,8 +23,8 @@ from datetime import datetime
 from billing.reconcile import JobReconciliation, reconcile_between
 from billing.spend import attempt_spend_between
 from jobs import anatomy
-from jobs.market_terms import RentDecision
 from jobs.models import Attempt, Interruption
+from jobs.rent_decision import RentDecision
 from nomadgpu.models import Team
 
 

@@ -45,7 +45,7 @@ from statuspage import costs
 WINDOWS = (7, 30, 90)
 DEFAULT_WINDOW = 30
 INCIDENT_LIMIT = 200  # newest first; a 90-day history longer than this is cut
-PROVIDER = "provider"  # written by jobs.watchdog.poll_providers after every poll
+PROVIDER = "provider"  # written by jobs.watchdog.poll.poll_providers after every poll
 
 CAUSE_LABELS = {
     "provider_gone": "instance vanished at the provider",

@@ -178,7 +178,7 @@ def test_a_heartbeat_without_progress_for_the_stall_timeout_makes_the_attempt_du
 
     from django.utils import timezone
 
-    from jobs import watchdog
+    from jobs.watchdog import deadlines
 
     long_ago = timezone.now() - timedelta(hours=1)
     job = JobFactory(stall_timeout_s=600)
@@ -192,8 +192,8 @@ def test_a_heartbeat_without_progress_for_the_stall_timeout_makes_the_attempt_du
     call(client, moving_token, "heartbeat", beat(1, 11))
 
     now = timezone.now()
-    assert [loss.attempt_id for loss in watchdog.find_due_losses(now)] == [stuck.pk]
-    assert watchdog.find_due_losses(now)[0].cause == "stalled"
+    assert [loss.attempt_id for loss in deadlines.find_due_losses(now)] == [stuck.pk]
+    assert deadlines.find_due_losses(now)[0].cause == "stalled"
     moving.refresh_from_db()
     assert moving.heartbeat_deadline > now
     assert moving.last_progress_at > long_ago

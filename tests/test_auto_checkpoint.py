@@ -10,10 +10,12 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from jobs import auto_checkpoint, lifecycle, renting, watchdog
+from jobs import auto_checkpoint, lifecycle
 from jobs import checkpoint_interval as ci
 from jobs.models import Attempt, Checkpoint, JobEvent
+from jobs.renting import interruption_rates
 from jobs.spec import JobSpec
+from jobs.watchdog import passes
 from tests.factories import JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
@@ -45,7 +47,7 @@ def running(team=None, *, profile=None, **fields) -> Attempt:
 
 def interval(attempt: Attempt) -> int:
     """The attempt's interval in whole seconds, rounded up (timedelta keeps microseconds)."""
-    rates = renting.preemption_rates(attempt.job.team_id, now=START)
+    rates = interruption_rates.preemption_rates(attempt.job.team_id, now=START)
     return math.ceil(auto_checkpoint.interval_for(attempt, rates=rates, now=START).interval_s)
 
 
@@ -104,7 +106,7 @@ def test_the_watchdog_tick_asks_too():
     attempt = running()
     due = START + timedelta(seconds=interval(attempt))
 
-    assert watchdog.tick(now=due, poll_provider=False)["checkpoints_asked"] == 1
+    assert passes.tick(now=due, poll_provider=False)["checkpoints_asked"] == 1
 
 
 def test_a_pending_request_is_recorded_once():
@@ -245,7 +247,7 @@ def rented_on(mbps: float) -> dict:
 
 def test_before_its_first_upload_delta_comes_from_the_size_and_the_hosts_uplink():
     attempt = running(profile={**AUTO, "checkpoint_gb": 1.0}, decision=rented_on(400), offer_id=1)
-    rates = renting.preemption_rates(attempt.job.team_id, now=START)
+    rates = interruption_rates.preemption_rates(attempt.job.team_id, now=START)
 
     choice = auto_checkpoint.interval_for(attempt, rates=rates, now=START)
 
@@ -268,7 +270,7 @@ def test_a_new_host_prices_the_newest_checkpoint_at_its_own_uplink_not_the_old_h
         seconds_per_step=4.0,
         decision=rented_on(2000),
     )
-    rates = renting.preemption_rates(second.job.team_id, now=START)
+    rates = interruption_rates.preemption_rates(second.job.team_id, now=START)
 
     choice = auto_checkpoint.interval_for(second, rates=rates, now=START)
 
@@ -286,7 +288,7 @@ def test_the_rest_of_a_long_run_is_split_evenly():
     attempt = running(bid_margin=0.0, step=0, total_steps=1000)
     Attempt.objects.filter(pk=attempt.pk).update(rental="interruptible")
     attempt.refresh_from_db()
-    rates = renting.preemption_rates(attempt.job.team_id, now=START)
+    rates = interruption_rates.preemption_rates(attempt.job.team_id, now=START)
 
     choice = auto_checkpoint.interval_for(attempt, rates=rates, now=START)
 
@@ -304,7 +306,7 @@ def test_a_job_about_to_finish_is_not_asked_and_its_page_says_why(member_client,
     attempt = running(cast.team_a, bid_margin=0.0, step=285, total_steps=300)
     Attempt.objects.filter(pk=attempt.pk).update(rental="interruptible")
     attempt.refresh_from_db()
-    rates = renting.preemption_rates(attempt.job.team_id, now=START)
+    rates = interruption_rates.preemption_rates(attempt.job.team_id, now=START)
     whole = ci.choose_interval(
         rate_per_h=rates.rate("interruptible", "RTX 4090", 0.0)[0],
         rate_source="prior",

@@ -18,9 +18,10 @@ from billing.periods import period_bounds
 from billing.services import projected_total
 from billing.spend import GB, attempt_spend, attempt_spend_between, job_spend
 from hosts.vast import parse_offer
-from jobs import lifecycle, renting
+from jobs import lifecycle
 from jobs.lifecycle import submit_job
 from jobs.models import Attempt, Checkpoint, Job, JobEvent
+from jobs.renting import rent
 from jobs.spending import BudgetExceeded
 from nomadgpu.models import ServiceHeartbeat, Team
 from tests.factories import JobFactory, make_attempt
@@ -37,7 +38,7 @@ PLAIN_4090 = 16018470  # RTX 4090, $0.369/h, free traffic
 def rates(offer_id: int, disk_gb: float = 20.0) -> dict:
     """The attempt fields renting copies from this sandbox market offer."""
     offer = parse_offer(market_offers()[offer_id])
-    fields = renting.offer_fields(offer)
+    fields = rent.offer_fields(offer)
     fields.pop("offer_id")
     return {**fields, "offer_id": offer_id, "disk_gb": disk_gb}
 

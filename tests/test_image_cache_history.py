@@ -1,5 +1,5 @@
-"""jobs.image_cache: which machines the team's attempts pulled a job's image on, and the chance
-each still holds it (its later rentals there, else the team's rate, else the prior)."""
+"""jobs.renting.image_cache: which machines the team's attempts pulled a job's image on, and the
+chance each still holds it (its later rentals there, else the team's rate, else the prior)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobs import image_cache, measured
-from jobs.image_cache import (
+from jobs.renting import image_cache, shape_history
+from jobs.renting.image_cache import (
     MACHINE_WEIGHT,
     PRIOR_KEPT,
     Outcomes,
@@ -118,7 +118,7 @@ def test_a_run_whose_machine_held_the_image_does_not_shorten_the_measured_pull()
     finished(2, 21, 10.0)  # machine 21 held it: no pull
     finished(3, 22, 80.0)  # a whole pull elsewhere
 
-    startup = measured.history_for(job).startup
+    startup = shape_history.history_for(job).startup
 
     assert startup.pull_s == pytest.approx(85.0)  # the median of the whole pulls, not 80
     assert startup.runs == 1
@@ -144,6 +144,6 @@ def test_the_rentals_that_found_the_image_are_named_and_left_out_of_the_pull():
             ended_at=up + timedelta(seconds=20),
         )
     # Only the first counts as a whole pull: the measured pull is that one.
-    assert measured.history_for(job).startup.pull_s == pytest.approx(90.0)
+    assert shape_history.history_for(job).startup.pull_s == pytest.approx(90.0)
     found = image_cache.attempts_that_found_the_image(job.team_id, IMAGE)
     assert found == {job.attempts.get(number=2).pk}

@@ -13,7 +13,8 @@ import pytest
 from django.utils import timezone
 
 from hosts.vast import VastClient
-from jobs import lifecycle, renting
+from jobs import lifecycle
+from jobs.renting import rent as renting
 from nomadgpu.models import TeamSecret
 from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS
 from tests.factories import JobFactory

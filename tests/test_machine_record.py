@@ -7,9 +7,11 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from hosts.models import Machine, decided_offer
+from hosts.models import Machine
 from hosts.vast import VastClient
-from jobs import lifecycle, renting
+from jobs import lifecycle
+from jobs.rent_decision import RentDecision
+from jobs.renting import rent
 from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS
 from tests.factories import JobFactory, UserFactory
 from tests.sandbox_support import DEFAULT_KEY
@@ -23,7 +25,7 @@ def test_a_rented_machine_records_the_geolocation_of_its_offer(sandbox, client):
     attempt = lifecycle.plan_rent(job.pk, now=now)
     with VastClient(DEFAULT_KEY, sandbox.url) as vast:
         offers = {o.id: o for o in vast.search_offers({}, limit=1000)}  # before one is rented
-        assert renting.rent(attempt.pk, now=now, client=vast) == "rented"
+        assert rent.rent(attempt.pk, now=now, client=vast) == "rented"
     attempt.refresh_from_db()
 
     offer = offers[attempt.offer_id]
@@ -46,7 +48,7 @@ def test_the_offer_rented_is_found_among_the_candidates_not_only_the_first_choic
         ],
     }
 
-    assert decided_offer(decision, 2)["geolocation"] == "Quebec, CA"
-    assert decided_offer(decision, 3) == {}
-    assert decided_offer({"adopted": True}, 1) == {}
-    assert decided_offer({}, None) == {}
+    assert RentDecision(decision).offer_summary(2)["geolocation"] == "Quebec, CA"
+    assert RentDecision(decision).offer_summary(3) == {}
+    assert RentDecision({"adopted": True}).offer_summary(1) == {}
+    assert RentDecision({}).offer_summary(None) == {}

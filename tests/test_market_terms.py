@@ -1,4 +1,4 @@
-"""A job in the market's terms (jobs/market_terms.py): defaults come from JobSpec alone, stored
+"""A job in the market's terms (jobs/renting/terms.py): defaults come from JobSpec alone, stored
 JSON that no longer fits names its field, and the stored rent decision is read in one place."""
 
 from __future__ import annotations
@@ -11,10 +11,12 @@ from django.utils import timezone
 from billing import services
 from hosts import selection
 from hosts.vast import VastClient, parse_offer
-from jobs import lifecycle, market_terms, measured, renting
-from jobs.market_terms import RentDecision, StoredSpecInvalid
+from jobs import lifecycle, rent_decision, stored_spec
 from jobs.models import Attempt
+from jobs.rent_decision import RentDecision
+from jobs.renting import corrections, reference, rent, shape_history, terms
 from jobs.spec import JobSpec, ProfileSpec, RequirementsSpec
+from jobs.stored_spec import StoredSpecInvalid
 from tests.factories import JobFactory, make_attempt
 from tests.sandbox_support import DEFAULT_KEY, market_offers
 
@@ -34,11 +36,11 @@ def test_a_job_that_leaves_everything_out_gets_jobspecs_defaults():
     job = JobFactory(requirements={}, profile={}, total_steps=300)
     spec = JobSpec(name="j", image="img", command="c")
 
-    req, profile = market_terms.requirements_for(job), market_terms.profile_for(job)
+    req, profile = terms.requirements_for(job), terms.profile_for(job)
 
-    assert req == market_terms.requirements_from_spec(spec.requirements)
+    assert req == terms.requirements_from_spec(spec.requirements)
     assert req.rental == spec.requirements.rental == selection.AUTO
-    assert profile == market_terms.profile_from_spec(spec.profile, steps_total=300)
+    assert profile == terms.profile_from_spec(spec.profile, steps_total=300)
     assert (profile.image_gb, profile.upload_gb) == (spec.profile.image_gb, spec.profile.upload_gb)
 
 
@@ -49,7 +51,7 @@ def test_the_selection_carries_no_rental_of_its_own():
 
 def test_a_job_with_no_rental_weighs_bids_where_on_demand_would_not():
     job = JobFactory(requirements=RTX_4090, total_steps=300)
-    req, profile = market_terms.requirements_for(job), market_terms.profile_for(job)
+    req, profile = terms.requirements_for(job), terms.profile_for(job)
 
     auto = selection.choose_offer(market(), req, profile)
     on_demand = selection.choose_offer(market(), replace(req, rental=selection.ON_DEMAND), profile)
@@ -68,18 +70,18 @@ def test_a_job_with_no_rental_is_rented_auto_by_the_rent_and_priced_the_same_by_
 
     attempt = lifecycle.plan_rent(job.pk, now=now)
     with VastClient(DEFAULT_KEY, sandbox.url) as client:
-        assert renting.rent(attempt.pk, now=now, client=client) == "rented"
+        assert rent.rent(attempt.pk, now=now, client=client) == "rented"
     attempt.refresh_from_db()
 
     assert attempt.decision["requirements"]["rental"] == RequirementsSpec().rental == "auto"
     assert attempt.rental == selection.INTERRUPTIBLE  # a bid is cheaper on this market
     # The rent it got is now the job's own history: the estimate prices the rate it paid.
-    history = measured.history_for(job)
+    history = shape_history.history_for(job)
     assert history.host.dph == attempt.dph_base
-    expected = market_terms.reference_cost(
-        market_terms.requirements_from_spec(RequirementsSpec(**RTX_4090)),
-        measured.corrected_profile(
-            market_terms.profile_from_spec(ProfileSpec(), steps_total=300), history
+    expected = reference.reference_cost(
+        terms.requirements_from_spec(RequirementsSpec(**RTX_4090)),
+        corrections.corrected_profile(
+            terms.profile_from_spec(ProfileSpec(), steps_total=300), history
         ),
         history,
     )
@@ -93,7 +95,7 @@ def test_a_typo_in_the_stored_requirements_names_the_key_not_a_type_error():
     job = JobFactory(requirements={"gpu_name": ["RTX 4090"]})
 
     with pytest.raises(StoredSpecInvalid) as caught:
-        market_terms.requirements_for(job)
+        terms.requirements_for(job)
 
     assert not isinstance(caught.value, TypeError)
     assert str(caught.value) == "requirements: unknown key 'gpu_name' (did you mean 'gpu_names'?)"
@@ -107,14 +109,14 @@ def test_a_typo_in_the_stored_profile_stops_its_translation_too():
     with pytest.raises(
         StoredSpecInvalid, match=r"^profile: unknown key 'image_gbs' \(did you mean"
     ):
-        market_terms.profile_for(job)
+        terms.profile_for(job)
 
 
 def test_a_stored_value_out_of_range_says_which_and_what_was_found():
     job = JobFactory(requirements={"num_gpus": 0})
 
     with pytest.raises(StoredSpecInvalid) as caught:
-        market_terms.requirements_for(job)
+        terms.requirements_for(job)
 
     assert str(caught.value) == (
         "requirements: bad value for 'num_gpus': input should be greater than or equal to 1 "
@@ -128,7 +130,7 @@ def test_every_stored_part_is_checked_at_once_with_the_schema_of_every_way_in():
     )
 
     with pytest.raises(StoredSpecInvalid) as caught:
-        market_terms.validate_stored(job)
+        stored_spec.validate_stored(job)
 
     assert caught.value.fields == ("requirements.min_reliabilty", "profile", "env")
     said = str(caught.value)
@@ -140,7 +142,7 @@ def test_every_stored_part_is_checked_at_once_with_the_schema_of_every_way_in():
 def test_a_stored_spec_that_fits_reads_with_the_defaults_filled_in():
     job = JobFactory(requirements=RTX_4090, profile={"model_gb": 15}, env={"HF_HOME": "/hf"})
 
-    stored = market_terms.validate_stored(job)
+    stored = stored_spec.validate_stored(job)
 
     assert stored.requirements == RequirementsSpec(**RTX_4090)
     assert stored.profile.model_gb == 15
@@ -153,7 +155,7 @@ def test_a_stored_spec_that_fits_reads_with_the_defaults_filled_in():
 
 def test_the_stored_decision_reads_back_what_the_rent_priced():
     job = JobFactory(requirements=RTX_4090, profile={"image_gb": 3.0}, total_steps=300)
-    req, profile = market_terms.requirements_for(job), market_terms.profile_for(job)
+    req, profile = terms.requirements_for(job), terms.profile_for(job)
     decision = selection.choose_offer(market(), req, profile)
     attempt, _ = make_attempt(job, decision=decision.as_dict())
 
@@ -179,6 +181,6 @@ def test_the_page_shows_the_newest_attempt_that_recorded_a_decision():
     make_attempt(job, number=2, state="ended", decision={"chosen_offer_id": 2})
     make_attempt(job, number=3, state="ended")
 
-    shown = market_terms.page_decision(Attempt.objects.filter(job=job).order_by("number"))
+    shown = rent_decision.page_decision(Attempt.objects.filter(job=job).order_by("number"))
 
     assert shown == {"chosen_offer_id": 2}

@@ -17,8 +17,9 @@ from billing import services
 from billing.spend import job_spend
 from hosts import selection
 from hosts.vast import VastClient, parse_offer
-from jobs import lifecycle, market_terms, measured, renting
+from jobs import lifecycle, rent_decision
 from jobs.models import Checkpoint, Job
+from jobs.renting import corrections, reference, rent, shape_history, terms
 from jobs.spec import JobSpec, ProfileSpec, RequirementsSpec, template_spec
 from jobs.spending import BudgetExceeded
 from portal.forms import spec_to_initial
@@ -77,8 +78,8 @@ def finished_run(team, *, spp=0.2, steps=300, start_s=8.0, pull_s=2.0, **attempt
 
 
 def typed_estimate(job: Job) -> selection.CostBreakdown:
-    req = market_terms.requirements_for(job)
-    return market_terms.reference_cost(req, market_terms.typed_profile_for(job))
+    req = terms.requirements_for(job)
+    return reference.reference_cost(req, terms.typed_profile_for(job))
 
 
 # --- A shape never run ------------------------------------------------------------------------
@@ -87,15 +88,15 @@ def typed_estimate(job: Job) -> selection.CostBreakdown:
 def test_a_shape_never_run_is_estimated_from_its_typed_profile(cast):
     job = toy(cast.team_a)
 
-    assert market_terms.profile_for(job) == market_terms.typed_profile_for(job)
-    assert market_terms.estimate_for(job) == typed_estimate(job)
+    assert terms.profile_for(job) == terms.typed_profile_for(job)
+    assert reference.estimate_for(job) == typed_estimate(job)
     # The figure: 300 typed steps of 4 s at $0.40/h on the reference host.
     assert services.estimate_remaining_usd(job) == pytest.approx(0.14, abs=0.005)
     assert all(not line.measured for line in portal_lines(job))
 
 
-def portal_lines(job: Job) -> list[measured.FigureLine]:
-    return measured.figure_lines(market_terms.typed_profile_for(job), measured.history_for(job))
+def portal_lines(job: Job) -> list[corrections.FigureLine]:
+    return corrections.figure_lines(terms.typed_profile_for(job), shape_history.history_for(job))
 
 
 # --- A second run of a shape ------------------------------------------------------------------
@@ -105,8 +106,8 @@ def test_a_second_run_takes_the_first_runs_seconds_per_step(cast):
     finished_run(cast.team_a, spp=0.2)
     second = toy(cast.team_a)
 
-    profile = market_terms.profile_for(second)
-    estimate = market_terms.estimate_for(second)
+    profile = terms.profile_for(second)
+    estimate = reference.estimate_for(second)
 
     assert profile.reference_seconds_per_step == pytest.approx(0.2)
     assert estimate.seconds_per_step == pytest.approx(0.2)
@@ -152,8 +153,8 @@ def test_a_second_run_takes_the_bytes_the_first_runs_command_downloaded(cast):
     )
     second = toy(cast.team_a)
 
-    profile = market_terms.profile_for(second)
-    estimate = market_terms.estimate_for(second)
+    profile = terms.profile_for(second)
+    estimate = reference.estimate_for(second)
 
     assert profile.model_gb == pytest.approx(2.0)
     assert estimate.download_gb == pytest.approx(TYPED["image_gb"] + 2.0)
@@ -164,15 +165,15 @@ def test_a_second_run_takes_the_bytes_the_first_runs_command_downloaded(cast):
 def test_a_run_whose_agent_reported_no_counters_teaches_no_download(cast):
     finished_run(cast.team_a, net_rx_bytes=0, bytes_down=0)
 
-    assert market_terms.profile_for(toy(cast.team_a)).model_gb == TYPED["model_gb"]
+    assert terms.profile_for(toy(cast.team_a)).model_gb == TYPED["model_gb"]
 
 
 def test_a_second_run_takes_the_first_runs_pull_and_start_up(cast):
     finished_run(cast.team_a, spp=0.5, steps=100, pull_s=40.0, start_s=80.0)
     second = toy(cast.team_a, total_steps=200)
 
-    profile = market_terms.profile_for(second)
-    estimate = market_terms.estimate_for(second)
+    profile = terms.profile_for(second)
+    estimate = reference.estimate_for(second)
 
     assert (profile.pull_s, profile.start_s) == (pytest.approx(40.0), pytest.approx(80.0))
     assert estimate.image_pull_h == pytest.approx(40 / 3600)
@@ -192,14 +193,14 @@ def test_a_resumes_checkpoint_restore_is_not_counted_in_its_start_up(cast):
         ended_at=up + timedelta(seconds=80 + 30 + 60 * 0.5),
     )
 
-    assert market_terms.profile_for(toy(cast.team_a)).start_s == pytest.approx(80.0)
+    assert terms.profile_for(toy(cast.team_a)).start_s == pytest.approx(80.0)
 
 
 def test_a_host_lost_mid_run_teaches_no_start_up(cast):
     # Its end is the loss's detection, not a last upload and an exit.
     finished_run(cast.team_a, exit_code=None, end_reason="host_lost")
 
-    profile = market_terms.profile_for(toy(cast.team_a))
+    profile = terms.profile_for(toy(cast.team_a))
 
     assert profile.start_s is None
     assert profile.container_start_s == ProfileSpec().container_start_s
@@ -221,20 +222,20 @@ def test_a_second_run_takes_the_first_runs_checkpoint_sizes_and_uploads(cast):
         )
     second = toy(cast.team_a, total_steps=300)
 
-    profile = market_terms.profile_for(second)
-    history = measured.history_for(second)
+    profile = terms.profile_for(second)
+    history = shape_history.history_for(second)
 
     assert profile.checkpoint_gb == pytest.approx(100 / 1024)
     # 200 MB over 100 steps, for a run of 300.
     assert profile.upload_gb == pytest.approx(600 / 1024)
     assert history.checkpoints.upload_s == pytest.approx(3.0)
-    assert market_terms.estimate_for(second).upload_usd == pytest.approx(600 / 1024 * 0.002)
+    assert reference.estimate_for(second).upload_usd == pytest.approx(600 / 1024 * 0.002)
 
 
 def test_the_estimate_prices_the_host_the_shape_was_rented_on(cast):
     finished_run(cast.team_a, gpu_name="H100 SXM", dph_base=1.728, spp=0.1)
 
-    estimate = market_terms.estimate_for(toy(cast.team_a))
+    estimate = reference.estimate_for(toy(cast.team_a))
 
     assert estimate.gpu_usd == pytest.approx(1.728 * estimate.gpu_billed_h)
     assert estimate.seconds_per_step == pytest.approx(0.1)
@@ -244,7 +245,7 @@ def test_the_estimate_prices_again_the_offers_the_last_rent_weighed_and_takes_th
     # The first run was rented on the cheaper GPU of a link metered at $45/TB, ranked with the
     # typed 4 s/step. It trained at 0.2 s/step and its command pulled 5 GB: on the plain RTX
     # 4090 with free traffic the same run now costs a fraction of the metered host's.
-    req = market_terms.requirements_from_spec(RequirementsSpec(**RTX_4090))
+    req = terms.requirements_from_spec(RequirementsSpec(**RTX_4090))
     candidates = [
         {"offer": selection.offer_summary(parse_offer(market_offers()[ask]), req)}
         for ask in (HEAVY_4090, PLAIN_4090)
@@ -258,7 +259,7 @@ def test_the_estimate_prices_again_the_offers_the_last_rent_weighed_and_takes_th
         decision={"chosen": candidates[0], "candidates": candidates},
     )
 
-    estimate = market_terms.estimate_for(toy(cast.team_a))
+    estimate = reference.estimate_for(toy(cast.team_a))
 
     assert estimate.offer_id == PLAIN_4090
     assert estimate.download_usd == 0
@@ -286,7 +287,7 @@ def test_speeds_on_another_gpu_model_are_scaled_to_the_reference_by_dlperf(cast)
     decision = {"chosen": {"offer": {"gpu_name": "A100 SXM4", "dlperf": 200.0, "num_gpus": 1}}}
     finished_run(cast.team_a, gpu_name="A100 SXM4", spp=0.1, decision=decision)
 
-    profile = market_terms.profile_for(toy(cast.team_a))
+    profile = terms.profile_for(toy(cast.team_a))
 
     assert profile.reference_seconds_per_step == pytest.approx(0.2)
 
@@ -295,7 +296,7 @@ def test_the_median_of_the_newest_runs_shrugs_off_one_odd_host(cast):
     for spp in (0.2, 0.21, 0.6):
         finished_run(cast.team_a, spp=spp, machine_id=None)
 
-    assert market_terms.profile_for(toy(cast.team_a)).reference_seconds_per_step == 0.21
+    assert terms.profile_for(toy(cast.team_a)).reference_seconds_per_step == 0.21
 
 
 # --- What never counts ------------------------------------------------------------------------
@@ -305,8 +306,8 @@ def test_another_teams_runs_never_count(cast):
     finished_run(cast.team_b, spp=0.2, net_rx_bytes=3 * GB)
     mine = toy(cast.team_a)
 
-    assert market_terms.profile_for(mine) == market_terms.typed_profile_for(mine)
-    assert market_terms.estimate_for(mine) == typed_estimate(mine)
+    assert terms.profile_for(mine) == terms.typed_profile_for(mine)
+    assert reference.estimate_for(mine) == typed_estimate(mine)
 
 
 @pytest.mark.parametrize(
@@ -317,14 +318,14 @@ def test_a_changed_job_is_another_shape(cast, change):
     finished_run(cast.team_a, spp=0.2)
     other = toy(cast.team_a, **change)
 
-    assert market_terms.profile_for(other) == market_terms.typed_profile_for(other)
+    assert terms.profile_for(other) == terms.typed_profile_for(other)
 
 
 def test_the_steps_and_the_typed_profile_do_not_change_the_shape(cast):
     finished_run(cast.team_a, spp=0.2)
     longer = toy(cast.team_a, total_steps=3000, profile={**TYPED, "model_gb": 5.0})
 
-    assert market_terms.profile_for(longer).reference_seconds_per_step == pytest.approx(0.2)
+    assert terms.profile_for(longer).reference_seconds_per_step == pytest.approx(0.2)
 
 
 def test_editing_a_jobs_command_makes_it_another_shape(cast):
@@ -353,10 +354,10 @@ def test_the_rent_of_a_second_run_ranks_offers_with_the_first_runs_speeds(
 
     attempt = lifecycle.plan_rent(second.pk, now=now)
     with VastClient(DEFAULT_KEY, sandbox.url) as client:
-        assert renting.rent(attempt.pk, now=now, client=client) == "rented"
+        assert rent.rent(attempt.pk, now=now, client=client) == "rented"
     attempt.refresh_from_db()
 
-    planned = market_terms.RentDecision.of(attempt)
+    planned = rent_decision.RentDecision.of(attempt)
     assert planned.seconds_per_step == pytest.approx(0.2)
     assert planned.chosen_cost["speed_source"] == selection.SPEED_MODEL
     assert attempt.decision["profile"]["reference_seconds_per_step"] == pytest.approx(0.2)
@@ -367,7 +368,7 @@ def test_the_rent_book_holds_the_shapes_speed_on_each_machine(cast):
     finished_run(cast.team_a, spp=0.3, machine_id=42)
     second = toy(cast.team_a)
 
-    book = renting.speed_book(second, [])
+    book = rent.speed_book(second, [])
 
     assert book.by_machine == {42: pytest.approx(0.3)}
     assert book.by_model == {"RTX 4090": pytest.approx(0.3)}

@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from hosts import selection
 from hosts.vast import VastClient
-from jobs.market_terms import profile_from_spec, requirements_from_spec
+from jobs.renting.terms import profile_from_spec, requirements_from_spec
 from jobs.spec import JobSpec, template_spec
 from nomadgpu.humanize import money
 from portal import figures

@@ -10,8 +10,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection
 
-from jobs import attention, watchdog
+from jobs import attention
 from jobs.models import Attempt, Interruption, Job, JobEvent, JobState
+from jobs.watchdog import passes, poll
 from nomadgpu import crypto
 from nomadgpu.models import Team
 from tests.factories import JobFactory, TeamFactory, make_attempt
@@ -20,7 +21,7 @@ NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
 
 def tick(at: datetime = NOW) -> dict:
-    return watchdog.tick(now=at, poll_provider=False)
+    return passes.tick(now=at, poll_provider=False)
 
 
 def silent_attempt(job: Job) -> Attempt:
@@ -110,7 +111,7 @@ def test_a_team_whose_vast_key_cannot_be_read_is_left_out_of_the_poll_and_said_s
     poison_vast_key(broken)
     errors: list[str] = []
 
-    grouped = watchdog.attempts_by_account(errors)
+    grouped = poll.attempts_by_account(errors)
 
     assert [a.pk for attempts in grouped.values() for a in attempts] == [kept.pk]
     assert len(errors) == 1

@@ -1,7 +1,7 @@
 """A rent's claim names its process, so a claim whose worker died is settled at once
-(``jobs.rent_claims``, ``renting.settle_dead_claim``); an adopted instance is recorded at the
-rates of the offer the create was sent for (``renting.adopted_fields``). The real SIGKILL of a
-worker is ``tests/e2e/test_worker_death.py``."""
+(``jobs.renting.claims``, ``jobs.renting.settle.settle_dead_claim``); an adopted instance is
+recorded at the rates of the offer the create was sent for (``settle.adopted_fields``). The real
+SIGKILL of a worker is ``tests/e2e/test_worker_death.py``."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from hosts.vast.parsing import parse_instance
-from jobs import rent_claims, renting, watchdog
 from jobs.models import Attempt, JobState
+from jobs.renting import claims, settle
+from jobs.watchdog import passes
 from tests.factories import JobFactory, make_attempt
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
@@ -27,24 +28,24 @@ def dead_pid() -> int:
 
 
 def test_this_process_is_alive_and_a_finished_one_is_not():
-    assert rent_claims.claimer_alive(rent_claims.this_process()) is True
+    assert claims.claimer_alive(claims.this_process()) is True
     host = socket.gethostname()
-    assert rent_claims.claimer_alive(f"{host}:{dead_pid()}:") is False
+    assert claims.claimer_alive(f"{host}:{dead_pid()}:") is False
 
 
 def test_a_reused_pid_is_not_taken_for_the_claimer():
     # Same pid, another start time: another program now runs under it.
-    host, pid, start = rent_claims.this_process().split(":")
-    assert rent_claims.claimer_alive(f"{host}:{pid}:{int(start) + 1}") is False
+    host, pid, start = claims.this_process().split(":")
+    assert claims.claimer_alive(f"{host}:{pid}:{int(start) + 1}") is False
 
 
 def test_a_claim_from_another_host_is_only_known_dead_by_its_time_limit(settings):
     settings.VAST_TASK_SOFT_LIMIT_S = 300
-    assert rent_claims.claimer_alive("elsewhere:123:456") is None
+    assert claims.claimer_alive("elsewhere:123:456") is None
     attempt = Attempt(rent_claimed_by="elsewhere:123:456", requested_at=NOW)
 
-    assert not rent_claims.claim_is_dead(attempt, now=NOW + timedelta(seconds=329))
-    assert rent_claims.claim_is_dead(attempt, now=NOW + timedelta(seconds=331))
+    assert not claims.claim_is_dead(attempt, now=NOW + timedelta(seconds=329))
+    assert claims.claim_is_dead(attempt, now=NOW + timedelta(seconds=331))
 
 
 def requested(**fields) -> Attempt:
@@ -67,7 +68,7 @@ def test_a_dead_claim_with_no_create_sent_ends_and_the_job_is_planned_in_the_sam
     attempt = requested()
 
     with django_capture_on_commit_callbacks():
-        report = watchdog.tick(now=NOW, poll_provider=False)
+        report = passes.tick(now=NOW, poll_provider=False)
 
     attempt.refresh_from_db()
     assert report["settled"] == 1
@@ -86,10 +87,10 @@ def test_a_dead_claim_whose_create_was_sent_waits_for_the_poll_to_adopt(settings
     settings.ADOPT_AFTER_S = 30
     attempt = requested(create_sent_at=NOW - timedelta(seconds=2))
 
-    assert watchdog.tick(now=NOW, poll_provider=False)["settled"] == 0
-    assert renting.settle_dead_claim(attempt, None, now=NOW) == "waiting"
+    assert passes.tick(now=NOW, poll_provider=False)["settled"] == 0
+    assert settle.settle_dead_claim(attempt, None, now=NOW) == "waiting"
     # Nothing appeared at Vast within ADOPT_AFTER_S: the create made no instance.
-    assert renting.settle_dead_claim(attempt, None, now=NOW + timedelta(seconds=30)) == "settled"
+    assert settle.settle_dead_claim(attempt, None, now=NOW + timedelta(seconds=30)) == "settled"
 
 
 INSTANCE_WITHOUT_TRAFFIC_PRICES = {
@@ -117,7 +118,7 @@ def test_an_adopted_instance_takes_the_traffic_prices_of_the_offer_its_create_wa
     )
     instance = parse_instance(INSTANCE_WITHOUT_TRAFFIC_PRICES)
 
-    assert renting.settle_dead_claim(attempt, instance, now=NOW) == "adopted"
+    assert settle.settle_dead_claim(attempt, instance, now=NOW) == "adopted"
 
     attempt.refresh_from_db()
     assert attempt.state == "starting"
@@ -133,6 +134,6 @@ def test_without_a_recorded_offer_the_machines_last_known_offer_prices_the_traff
         upload_usd_per_gb=0.015,
     )  # fmt: skip
     attempt = requested()  # an older claim: no offer recorded with it
-    fields = renting.adopted_fields(attempt, parse_instance(INSTANCE_WITHOUT_TRAFFIC_PRICES))
+    fields = settle.adopted_fields(attempt, parse_instance(INSTANCE_WITHOUT_TRAFFIC_PRICES))
 
     assert (fields["download_usd_per_gb"], fields["upload_usd_per_gb"]) == (0.03, 0.015)

@@ -12,8 +12,10 @@ from django.utils import timezone
 from hosts import selection
 from hosts.models import Machine
 from hosts.vast import VastClient
-from jobs import lifecycle, renting, watchdog
+from jobs import lifecycle
 from jobs.models import Interruption, JobEvent
+from jobs.renting import rent
+from jobs.watchdog import instance_status, outbids, poll
 from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS
 from tests.factories import JobFactory
 from tests.processes import wait_until
@@ -38,7 +40,7 @@ def rented_bid(vast, **fields):
     )
     now = timezone.now()
     attempt = lifecycle.plan_rent(job.pk, now=now)
-    assert renting.rent(attempt.pk, now=now, client=vast) == "rented"
+    assert rent.rent(attempt.pk, now=now, client=vast) == "rented"
     attempt.refresh_from_db()
     return attempt
 
@@ -76,7 +78,7 @@ def test_the_job_page_says_how_it_rented_with_what_rate_and_what_else_it_weighed
 def outbid(sandbox, vast, attempt):
     sandbox.inject(attempt.instance_id, "outbid")
     wait_until(
-        lambda: watchdog.is_outbid(vast.show_instance(attempt.instance_id)),
+        lambda: instance_status.is_outbid(vast.show_instance(attempt.instance_id)),
         timeout=10,
         what="the sandbox to show the instance outbid",
     )
@@ -90,10 +92,10 @@ def test_an_outbid_job_that_raises_its_bid_keeps_its_host_and_is_no_interruption
     floor = vast.show_instance(attempt.instance_id).min_bid
     raise_to = round(floor * 1.2, 4)
     monkeypatch.setattr(
-        watchdog, "outbid_choice_for", lambda a, i, now: selection.OutbidChoice(raise_to, 1.0, 2.0)
+        outbids, "outbid_choice_for", lambda a, i, now: selection.OutbidChoice(raise_to, 1.0, 2.0)
     )
 
-    assert watchdog.poll_providers(timezone.now()) == []
+    assert poll.poll_providers(timezone.now()) == []
 
     attempt.refresh_from_db()
     assert attempt.state == "starting"  # the same attempt, its container restarting
@@ -114,11 +116,11 @@ def test_an_outbid_job_that_moves_avoids_the_machine_but_does_not_blame_it(
     attempt = rented_bid(vast)
     outbid(sandbox, vast, attempt)
     monkeypatch.setattr(
-        watchdog, "outbid_choice_for", lambda a, i, now: selection.OutbidChoice(None, 2.0, 1.0)
+        outbids, "outbid_choice_for", lambda a, i, now: selection.OutbidChoice(None, 2.0, 1.0)
     )
     now = timezone.now()
 
-    [loss] = watchdog.poll_providers(now)
+    [loss] = poll.poll_providers(now)
     assert loss.cause == "outbid"
     assert lifecycle.handle_loss(loss, now=now)
 

@@ -11,8 +11,9 @@ from django.utils import timezone
 
 from agent.build import build_zipapp
 from hosts.vast import VastClient
-from jobs import lifecycle, renting
-from jobs.models import AttemptState, JobEvent
+from jobs import lifecycle
+from jobs.models import AttemptState, JobEvent, label_for
+from jobs.renting import rent as renting
 from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS
 from tests.factories import JobFactory
 from tests.sandbox_support import DEFAULT_KEY
@@ -112,7 +113,7 @@ def test_the_bootstrap_fits_vasts_create_limits(settings, tmp_path):
     script = render_bootstrap(attempt, token="t" * 64)
 
     assert len(script) <= 4096, len(script)
-    assert len(lifecycle.label_for(job, 9_999)) <= 256
+    assert len(label_for(job, 9_999)) <= 256
 
 
 def _build_many(path: str, barrier, times: int) -> None:

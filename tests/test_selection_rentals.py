@@ -21,7 +21,7 @@ from hosts.selection import (
     choose_offer,
     expected_cost,
 )
-from jobs.market_terms import RentDecision
+from jobs.rent_decision import RentDecision
 from tests.test_selection import FIELD_REPORT_JOB, REFERENCE, make_offer
 
 FIELD_REPORT = replace(FIELD_REPORT_JOB, checkpoint_every_steps=50)  # 300 steps, 15 GB model

@@ -13,8 +13,8 @@ from django.utils import timezone
 
 from hosts import selection
 from hosts.vast import Offer, VastClient
-from jobs import market_terms, measured
 from jobs.models import Job
+from jobs.renting import corrections, measures, reference, shape_history, terms
 from jobs.spec import JobSpec, template_spec
 from nomadgpu import api_tokens
 from nomadgpu.humanize import instance_price
@@ -134,9 +134,9 @@ def test_a_speed_measured_on_one_gpu_is_not_taken_as_measured_on_four(cast):
     job.requirements = rtx_4090(4)  # the same job, edited to four GPUs: a new shape
     job.save()
 
-    history = measured.history_for(job)
-    profile = market_terms.profile_for(job, history)
-    line = measured.figure_lines(market_terms.typed_profile_for(job), history)[0]
+    history = shape_history.history_for(job)
+    profile = terms.profile_for(job, history)
+    line = corrections.figure_lines(terms.typed_profile_for(job), history)[0]
 
     four = 2.0 / selection.MULTI_GPU_EFFICIENCY**2
     assert profile.reference_seconds_per_step == pytest.approx(four)
@@ -149,7 +149,7 @@ def test_a_new_job_at_another_count_is_estimated_from_the_shape_s_runs_at_others
     ran(toy(cast.team_b, 1), gpus=1, spp=0.5)  # another team's run never counts
     job = toy(cast.team_a, 4)
 
-    profile = market_terms.profile_for(job)
+    profile = terms.profile_for(job)
 
     assert profile.reference_seconds_per_step == pytest.approx(3.0 / 0.95)
 
@@ -159,11 +159,11 @@ def test_a_speed_measured_at_the_job_s_own_count_wins_over_other_counts(cast):
     ran(toy(cast.team_a, 4), gpus=4, spp=2.5)
     job = toy(cast.team_a, 4)
 
-    history = measured.history_for(job)
+    history = shape_history.history_for(job)
 
-    assert market_terms.profile_for(job, history).reference_seconds_per_step == 2.5
+    assert terms.profile_for(job, history).reference_seconds_per_step == 2.5
     assert history.speeds.estimated_from == ()
-    assert measured.figure_lines(market_terms.typed_profile_for(job), history)[0].source == (
+    assert corrections.figure_lines(terms.typed_profile_for(job), history)[0].source == (
         "measured on 1 run"
     )
 
@@ -179,11 +179,11 @@ def test_seconds_per_step_scale_by_the_documented_efficiency_both_ways():
 
 
 def test_the_counts_a_speed_was_estimated_from_read_as_words():
-    assert measured.Speeds(estimated_from=(1,)).source_words == "estimated from 1-GPU runs"
-    assert measured.Speeds(estimated_from=(1, 2, 8)).source_words == (
+    assert measures.Speeds(estimated_from=(1,)).source_words == "estimated from 1-GPU runs"
+    assert measures.Speeds(estimated_from=(1, 2, 8)).source_words == (
         "estimated from 1-, 2- and 8-GPU runs"
     )
-    assert measured.Speeds().source_words == ""
+    assert measures.Speeds().source_words == ""
 
 
 def test_the_host_a_job_paid_is_per_gpu_count_too(cast):
@@ -193,7 +193,7 @@ def test_the_host_a_job_paid_is_per_gpu_count_too(cast):
     job.save()
 
     # A one-GPU instance's $0.40/h is not what four GPUs cost: the typed 4 x $0.40 stands.
-    assert measured.history_for(job).host is None
+    assert shape_history.history_for(job).host is None
 
 
 # --- The expected cost, 2 and 4 GPUs --------------------------------------------------------
@@ -204,7 +204,7 @@ def test_the_pre_flight_estimate_scales_with_the_gpus_and_the_learned_speed(cast
     ran(toy(cast.team_a, 2), gpus=2, spp=3.0, dph=0.8)  # a 2-GPU instance at $0.80/h
     two, four = toy(cast.team_a, 2), toy(cast.team_a, 4)
 
-    cost_two, cost_four = market_terms.estimate_for(two), market_terms.estimate_for(four)
+    cost_two, cost_four = reference.estimate_for(two), reference.estimate_for(four)
 
     # Two GPUs: the 2-GPU run's 3 s/step at the $0.80/h it paid; four: 3 / 0.95 s at the
     # typed 4 x $0.40 (a 2-GPU instance's price says nothing of a 4-GPU one's).

@@ -13,8 +13,9 @@ import sys
 import pytest
 from django.utils import timezone
 
-from jobs import market_terms, spec, staging
+from jobs import spec, staging
 from jobs.models import Attempt, Job, JobEvent, JobState, StagedObject
+from jobs.renting import terms
 from nomadgpu.models import TeamSecret
 from nomadgpu.storage import object_store
 from tests import hub_fake
@@ -156,7 +157,7 @@ def test_the_worker_mirrors_a_repo_into_storage_before_the_job_s_first_rent(
         == f"staged: 3 of 3 files, {obj.bytes_total / 1e9:.2f} of {obj.bytes_total / 1e9:.2f} GB"
     )
     # The staged bytes are the cost model's model download, in place of the typed 0.
-    assert market_terms.profile_for(job).model_gb == pytest.approx(obj.bytes_total / 1024**3)
+    assert terms.profile_for(job).model_gb == pytest.approx(obj.bytes_total / 1024**3)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -328,11 +329,12 @@ def staging_job(**fields) -> Job:
 
 
 def test_the_planner_rents_nothing_for_a_job_still_staging(db):
-    from jobs import lifecycle, watchdog
+    from jobs import lifecycle
+    from jobs.watchdog import passes
 
     job = staging_job()
 
-    assert job.pk not in watchdog.jobs_needing_a_host(now())
+    assert job.pk not in passes.jobs_needing_a_host(now())
     assert lifecycle.plan_rent(job.pk, now=now()) is None
     assert not job.attempts.exists()
 

@@ -1,4 +1,5 @@
-"""The stall rule (``jobs.stall.is_stalled``) as the heartbeat and the watchdog both ask it."""
+"""The stall rule (``jobs.watchdog.stall.is_stalled``) as the heartbeat and the watchdog both
+ask it."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobs.stall import is_stalled
+from jobs.watchdog.stall import is_stalled
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 TIMEOUT_S = 600

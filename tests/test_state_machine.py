@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from jobs import lifecycle
+from jobs.lifecycle import Loss
 from jobs.models import Attempt, Interruption, JobEvent, JobState
-from jobs.watchdog import Loss
 from tests.factories import JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db

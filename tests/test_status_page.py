@@ -12,7 +12,7 @@ import time_machine
 from django.core.cache import cache
 
 from jobs.models import Interruption, JobState
-from jobs.watchdog import poll_providers
+from jobs.watchdog.poll import poll_providers
 from nomadgpu.models import Role, ServiceHeartbeat
 from tests.factories import JobFactory, MembershipFactory, TeamFactory, make_attempt
 

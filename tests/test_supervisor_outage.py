@@ -1,4 +1,5 @@
-"""The supervisor's own outage is never a host loss (``jobs.silence``, ``nomadgpu.ingest``).
+"""The supervisor's own outage is never a host loss (``jobs.watchdog.silence``,
+``nomadgpu.ingest``).
 
 The plain rule first, then the watchdog's tick on stored attempts and the web's beacon. The
 whole stack through a real web restart and a database outage is in
@@ -11,8 +12,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobs import silence, watchdog
 from jobs.models import Attempt, Interruption
+from jobs.watchdog import passes, silence
 from nomadgpu import ingest
 from nomadgpu.models import IngestOutage, ServiceHeartbeat
 from tests.factories import JobFactory, make_attempt
@@ -130,7 +131,7 @@ def web_beacon(seconds_ago: float) -> None:
 
 
 def tick(at: datetime = NOW) -> dict:
-    return watchdog.tick(now=at, poll_provider=False)
+    return passes.tick(now=at, poll_provider=False)
 
 
 @pytest.mark.django_db

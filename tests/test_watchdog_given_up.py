@@ -12,8 +12,10 @@ from django.utils import timezone
 from hosts import selection
 from hosts.models import Machine
 from hosts.vast import VastClient
-from jobs import lifecycle, renting, watchdog
+from jobs import lifecycle
 from jobs.models import Interruption, JobEvent
+from jobs.renting import rent
+from jobs.watchdog import outbids, poll
 from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS
 from tests.factories import JobFactory
 from tests.processes import wait_until
@@ -31,7 +33,7 @@ def rented(box, settings, requirements):
     now = timezone.now()
     attempt = lifecycle.plan_rent(job.pk, now=now)
     with VastClient(DEFAULT_KEY, box.url) as client:
-        assert renting.rent(attempt.pk, now=now, client=client) == "rented"
+        assert rent.rent(attempt.pk, now=now, client=client) == "rented"
     attempt.refresh_from_db()
     return attempt
 
@@ -63,7 +65,7 @@ def test_a_host_that_cannot_start_the_container_is_lost_at_once_and_blamed(sandb
     given_up(sandbox, attempt)
     now = timezone.now()  # long before the start timeout: nothing waits for it
 
-    [loss] = watchdog.poll_providers(now)
+    [loss] = poll.poll_providers(now)
     assert (loss.attempt_id, loss.cause) == (attempt.pk, "start_failed")
     assert "OCI runtime create failed" in loss.detail
     assert lifecycle.handle_loss(loss, now=now)
@@ -85,12 +87,12 @@ def test_a_bid_on_a_host_that_cannot_start_the_container_is_never_raised(
     assert attempt.rental == selection.INTERRUPTIBLE
     raise_to = round(attempt.dph_base * 1.5, 4)  # the model would pay to keep an outbid host
     monkeypatch.setattr(
-        watchdog, "outbid_choice_for", lambda a, i, now: selection.OutbidChoice(raise_to, 1.0, 2.0)
+        outbids, "outbid_choice_for", lambda a, i, now: selection.OutbidChoice(raise_to, 1.0, 2.0)
     )
     sandbox.inject(attempt.instance_id, "oci-fail")
     given_up(sandbox, attempt)
 
-    [loss] = watchdog.poll_providers(timezone.now())
+    [loss] = poll.poll_providers(timezone.now())
 
     assert loss.cause == "start_failed"
     assert not JobEvent.objects.filter(job=attempt.job, kind="bid_raised").exists()
@@ -113,11 +115,11 @@ def test_a_bid_outbid_while_its_image_loads_is_outbid_and_moves_without_blame(
     box.inject(attempt.instance_id, "outbid")
     given_up(box, attempt)
     monkeypatch.setattr(
-        watchdog, "outbid_choice_for", lambda a, i, now: selection.OutbidChoice(None, 2.0, 1.0)
+        outbids, "outbid_choice_for", lambda a, i, now: selection.OutbidChoice(None, 2.0, 1.0)
     )
     now = timezone.now()
 
-    [loss] = watchdog.poll_providers(now)
+    [loss] = poll.poll_providers(now)
     assert loss.cause == "outbid"
     assert box.status(attempt.instance_id) == "loading"  # the shape Vast showed it in
     assert lifecycle.handle_loss(loss, now=now)

@@ -1,7 +1,7 @@
 """The watchdog and a host that shows ``offline``: wait for it while ``hosts.wait_or_move`` says
 waiting is cheaper, move when it no longer is, and note its return once its agent is heard.
 
-Through ``watchdog.reconcile_attempt`` with the provider's view as parsed instances (the
+Through ``jobs.watchdog.poll.reconcile_attempt`` with the provider's view as parsed instances (the
 offline path calls no provider); the whole flow against the sandbox is in
 ``tests/e2e/test_host_return.py``.
 """
@@ -14,8 +14,8 @@ import pytest
 
 from hosts.models import Machine
 from hosts.vast import Instance
-from jobs import watchdog
 from jobs.models import Interruption, JobEvent
+from jobs.watchdog.poll import reconcile_attempt
 from tests.factories import JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
@@ -60,7 +60,7 @@ def running_attempt(state: str = "running", **fields):
 
 def poll(attempt, status: str, now: datetime):
     attempt.refresh_from_db()
-    return watchdog.reconcile_attempt(None, attempt, {9: instance(status)}, {}, now=now)
+    return reconcile_attempt(None, attempt, {9: instance(status)}, {}, now=now)
 
 
 def test_a_running_attempt_waits_for_a_machine_that_comes_back_quickly(settings):

@@ -8,7 +8,8 @@ import pytest
 
 from hosts.vast import Instance, container_runtime_failed, parse_instance
 from jobs.models import Attempt, Job
-from jobs.watchdog import cause_of_due, provider_loss
+from jobs.watchdog.deadlines import cause_of_due
+from jobs.watchdog.instance_status import provider_loss
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -108,7 +109,7 @@ def test_running_and_loading_are_healthy():
 def test_a_contract_end_is_taken_only_when_it_is_a_real_moment_after_the_start():
     from datetime import UTC, datetime
 
-    from jobs.watchdog import contract_end
+    from jobs.watchdog.instance_status import contract_end
 
     start = datetime(2026, 12, 1, tzinfo=UTC)
     ends = start + timedelta(days=30)

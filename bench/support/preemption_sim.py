@@ -41,22 +41,22 @@ last checkpoint and is noticed ``DETECTION_S`` later (storage billed until then)
 A host loss, or an outbid the policy does not answer by raising, ends the attempt: the job
 rents again ``RENT_S`` later, deciding again with the machine on its own avoid list (no other
 job avoids it: ``jobs.lifecycle.handle_loss``), its observed speeds in its ``SpeedBook`` and the
-team's observed history in ``PreemptionRates``, as ``jobs/renting.py`` does. ``auto`` answers
-each outbid with the product's own code, as ``jobs.watchdog.outbid_choice_for`` calls it:
-``jobs.market_terms.RentDecision.outbid_choice`` on the attempt's ``Decision.as_dict()``, with
+team's observed history in ``PreemptionRates``, as ``jobs/renting/rent.py`` does. ``auto`` answers
+each outbid with the product's own code, as ``jobs.watchdog.outbids.outbid_choice_for`` calls it:
+``jobs.rent_decision.RentDecision.outbid_choice`` on the attempt's ``Decision.as_dict()``, with
 the steps left from the newest checkpoint, the attempt's observed s/step (None before the
 agent reported one), its margin, the machine's min_bid now, the job's ``max_bid_dph`` and the
 team's rates (this attempt's hours and raises so far included, as
-``jobs.renting.preemption_rates`` counts a live attempt). When it says raise, the bid becomes
-its ``raise_to`` and the same container starts again on the same host once the outbid is
+``jobs.renting.interruption_rates.preemption_rates`` counts a live attempt). When it says raise, the
+bid becomes its ``raise_to`` and the same container starts again on the same host once the outbid is
 noticed: no image pull, no downloads (an unfinished pull or download goes on from where it
 stopped), the container start, then training from the newest checkpoint, at the new price
 and the same margin over the new min_bid (so at the same true rate, even after the
 outbidder's hold ends). ``min-bid`` never raises (SkyPilot, dstack); on-demand is never
 outbid. Traffic is charged for the bytes moved. The history counts what
-``jobs.renting.preemption_rates`` counts: per attempt, its hours and its interruptions, i.e.
-its loss (an ``Interruption``) if it ended by one plus the outbids it answered by raising
-(``Attempt.outbids``).
+``jobs.renting.interruption_rates.preemption_rates`` counts: per attempt, its hours and its
+interruptions, i.e. its loss (an ``Interruption``) if it ended by one plus the outbids it answered
+by raising (``Attempt.outbids``).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ from hosts.selection import (
     transfer_hours,
 )
 from hosts.vast import Offer
-from jobs.market_terms import RentDecision
+from jobs.rent_decision import RentDecision
 from sandbox.bids import BidSettings
 
 SECONDS_PER_HOUR = 3600.0
@@ -178,7 +178,7 @@ class History:
     def rates(self, live: tuple[Offer, Rental, float, int] | None = None) -> PreemptionRates:
         """What ``choose_offer`` is given: the prior blended in by ``PreemptionRates``. LIVE:
         an attempt still running (offer, rental, hours so far, outbids raised so far), which
-        ``jobs.renting.preemption_rates`` counts up to now."""
+        ``jobs.renting.interruption_rates.preemption_rates`` counts up to now."""
         seen = {k: (int(n), h) for k, (n, h) in self.seen.items()}
         if live is not None:
             offer, rental, hours, cuts = live
@@ -363,8 +363,8 @@ def run_attempt(
         if policy != AUTO:
             out.lost = True
             break
-        # jobs.watchdog.outbid_choice_for: the attempt's stored decision, the steps left from
-        # the newest checkpoint, its observed s/step, its margin, the machine's min_bid now,
+        # jobs.watchdog.outbids.outbid_choice_for: the attempt's stored decision, the steps left
+        # from the newest checkpoint, its observed s/step, its margin, the machine's min_bid now,
         # the job's max bid and the team's rates (this attempt's hours and raises so far too).
         choice = RentDecision(decision.as_dict()).outbid_choice(
             machine_id=offer.machine_id,

@@ -31,7 +31,7 @@ def day_window(day: date) -> tuple[datetime, datetime]:
 
     Vast keys each contract's charges by day at 00:00 UTC and ``lte`` is inclusive, so asking
     up to the next midnight would also bring the next day's row (and store that day twice);
-    its own examples end a day one second short (``show_charges.yaml``, ``hosts/sandbox/README``).
+    its own examples end a day one second short (``show_charges.yaml``, ``sandbox/README.md``).
     """
     start = datetime.combine(day, time.min, tzinfo=UTC)
     return start, start + timedelta(days=1, seconds=-1)

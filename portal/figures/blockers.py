@@ -8,7 +8,7 @@ from typing import Any
 
 from hosts import selection
 from hosts.vast import VastClient, VastError
-from jobs.market_terms import requirements_from_spec
+from jobs.renting.terms import requirements_from_spec
 from jobs.spec import JobSpec
 from portal.figures.offers import PREVIEW_RETRY
 

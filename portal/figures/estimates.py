@@ -2,34 +2,35 @@
 
 from __future__ import annotations
 
-from jobs import measured
-from jobs.market_terms import StoredSpecInvalid, profile_from_spec, typed_profile_for
 from jobs.models import Job, shape_family, shape_of
+from jobs.renting import corrections, measures, shape_history
+from jobs.renting.terms import profile_from_spec, typed_profile_for
 from jobs.spec import JobSpec
+from jobs.stored_spec import StoredSpecInvalid
 
 
-def spec_history(spec: JobSpec, *, team) -> measured.History:
+def spec_history(spec: JobSpec, *, team) -> measures.History:
     """What TEAM's runs of SPEC's shape measured (nothing for a shape never run)."""
     parts = {"name": spec.name, "image": spec.image, "command": spec.command,
              "setup": spec.setup, "env": spec.env}  # fmt: skip
     gpus = spec.requirements.num_gpus
     family = {n: shape for n, shape in shape_family(**parts).items() if n != gpus}
-    return measured.history_of(
+    return shape_history.history_of(
         team.pk, shape_of(**parts, num_gpus=gpus), image=spec.image, num_gpus=gpus, family=family
     )
 
 
-def preview_figures(spec: JobSpec, *, team) -> list[measured.FigureLine]:
+def preview_figures(spec: JobSpec, *, team) -> list[corrections.FigureLine]:
     """The new-job preview's figures, each measured (on how many runs) or typed."""
     typed = profile_from_spec(spec.profile, steps_total=spec.total_steps or 0)
-    return measured.figure_lines(typed, spec_history(spec, team=team))
+    return corrections.figure_lines(typed, spec_history(spec, team=team))
 
 
-def estimate_figures(job: Job) -> list[measured.FigureLine]:
+def estimate_figures(job: Job) -> list[corrections.FigureLine]:
     """The job page's figures, each measured (on how many runs) or typed; none while the
     stored spec does not validate (the page says that elsewhere)."""
     try:
         typed = typed_profile_for(job)
     except StoredSpecInvalid:
         return []
-    return measured.figure_lines(typed, measured.history_for(job))
+    return corrections.figure_lines(typed, shape_history.history_for(job))

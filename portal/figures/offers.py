@@ -10,8 +10,10 @@ from typing import Any
 
 from hosts import selection
 from hosts.vast import RetryPolicy, VastClient, VastError
-from jobs import image_cache, market_terms, measured
-from jobs.market_terms import RankedOffer, profile_from_spec, requirements_from_spec
+from jobs import rent_decision
+from jobs.rent_decision import RankedOffer
+from jobs.renting import corrections, image_cache
+from jobs.renting.terms import profile_from_spec, requirements_from_spec
 from jobs.spec import JobSpec
 from nomadgpu.humanize import instance_price, money
 from portal.figures.estimates import spec_history
@@ -133,7 +135,7 @@ def offer_rows(decision: Mapping[str, Any] | None) -> list[OfferRow]:
     as offers-table rows, the one it rents first."""
     if not decision:
         return []
-    return [offer_row(n, c) for n, c in enumerate(market_terms.ranked_offers(decision), 1)]
+    return [offer_row(n, c) for n, c in enumerate(rent_decision.ranked_offers(decision), 1)]
 
 
 @dataclass
@@ -160,7 +162,7 @@ def preview_offers(spec: JobSpec, *, team, client: VastClient | None = None) -> 
     """The top offers for SPEC on TEAM's marketplace now, with the cost of the whole job."""
     req = requirements_from_spec(spec.requirements)
     history = spec_history(spec, team=team)
-    profile = measured.corrected_profile(
+    profile = corrections.corrected_profile(
         profile_from_spec(spec.profile, steps_total=spec.total_steps or 0), history
     )
     own = client is None

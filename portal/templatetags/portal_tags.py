@@ -4,7 +4,7 @@ from collections.abc import Mapping
 
 from django import template
 
-from jobs.market_terms import RentDecision
+from jobs.rent_decision import RentDecision
 from nomadgpu.humanize import duration, instance_price, loss, money
 
 register = template.Library()

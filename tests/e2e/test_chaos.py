@@ -18,8 +18,9 @@ import pytest
 from django.utils import timezone
 
 from hosts.vast import ProviderUnreachable, VastClient
-from jobs import lifecycle, renting
+from jobs import lifecycle
 from jobs.models import AttemptState, Checkpoint, Interruption, JobEvent, JobState
+from jobs.renting import rent as renting
 from nomadgpu.models import ServiceHeartbeat
 from nomadgpu.storage import object_store
 from tests.e2e.conftest import (

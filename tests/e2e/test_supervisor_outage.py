@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from jobs.models import Attempt, Interruption, JobState
 from jobs.tasks import watchdog_tick
-from jobs.watchdog import WATCHDOG
+from jobs.watchdog.passes import WATCHDOG
 from nomadgpu import ingest
 from nomadgpu.celery import app
 from nomadgpu.models import IngestOutage, ServiceHeartbeat
@@ -210,8 +210,8 @@ def test_a_host_that_froze_during_an_outage_is_found_once_ingest_returns(web_sta
     assert lost.cause == "heartbeat_timeout"
     # Its silence is counted from the moment ingest worked again (the newest outage that ended
     # before the pass: under load a late beacon can record a short one after the test's own),
-    # plus the one interval a backing-off agent gets to retry (``jobs.silence``): never a loss
-    # before that plus its usual timeout.
+    # plus the one interval a backing-off agent gets to retry (``jobs.watchdog.silence``): never
+    # a loss before that plus its usual timeout.
     ended = IngestOutage.objects.filter(ended_at__lte=lost.detected_at).order_by("-ended_at")
     counted_from = ended.values_list("ended_at", flat=True).first() + interval
     assert counted_from >= outage.ended_at + interval

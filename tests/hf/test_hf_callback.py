@@ -26,8 +26,8 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 import agent
 from agent.hf import NomadCallback
 from hosts import selection
-from jobs import market_terms
 from jobs.lifecycle import submit_job
+from jobs.renting import terms
 from tests.agent_fake_supervisor import ROOT, FakeJob, FakeSupervisor, start_agent
 from tests.test_agent_runtime import steps_seen, tar_members
 from tests.test_selection import load_market
@@ -333,8 +333,8 @@ def test_the_job_file_is_a_job_that_rents_like_the_field_report(cast):
     offers, _ = load_market()
     decision = selection.choose_offer(
         offers,
-        market_terms.requirements_for(job),
-        market_terms.profile_for(job),
+        terms.requirements_for(job),
+        terms.profile_for(job),
         selection.SpeedBook(),
     )
     assert decision.chosen is not None

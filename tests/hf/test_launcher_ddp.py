@@ -9,7 +9,7 @@ real agent against the fake supervisor and moto S3.
 - Rank 1 crashing is the job's own error: ``failed``, the error names rank 1, and its traceback
   is in the log tail.
 - Rank 1 hanging stops the steps rank 0 reports while the agent beats on: the stall rule
-  (``jobs.stall``) finds the attempt stalled.
+  (``jobs.watchdog.stall``) finds the attempt stalled.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pytest
 import torch
 from safetensors.torch import load as load_safetensors
 
-from jobs.stall import is_stalled
+from jobs.watchdog.stall import is_stalled
 from tests.agent_fake_supervisor import Attempt, FakeJob, FakeSupervisor, start_agent
 from tests.hf.test_hf_callback import OFFLINE, TINY_FLAGS, TRAIN
 from tests.hf.test_trainer_resume_digest import (

@@ -1,7 +1,7 @@
 """Who holds a rent: a claim names the process that made it, so a dead claimer is seen at once.
 
-``renting.rent`` claims a planned attempt (planned → requested) before it calls Vast. If the
-worker dies between the claim and the create (a SIGKILL, an OOM, a host reboot), nothing would
+``jobs.renting.rent.rent`` claims a planned attempt (planned → requested) before it calls Vast. If
+the worker dies between the claim and the create (a SIGKILL, an OOM, a host reboot), nothing would
 move the attempt until ``REQUESTED_GRACE_S``: five minutes without a host. The claim therefore
 records its process (``this_process``: host name, pid and the process's start time, so a reused
 pid is not taken for the claimer) and the attempt records when a create was sent
@@ -13,8 +13,8 @@ pid is not taken for the claimer) and the attempt records when a create was sent
 - the rent task's own time limit passed since the claim (Celery has killed it by then; how a
   claim made on another host is settled).
 
-A dead claim is settled by ``renting.settle_dead_claim``: no create sent, so nothing can exist
-at Vast, and the attempt ends and the job is planned again at once; a create sent, so the
+A dead claim is settled by ``jobs.renting.settle.settle_dead_claim``: no create sent, so nothing can
+exist at Vast, and the attempt ends and the job is planned again at once; a create sent, so the
 instance is adopted by its label, or, once ``ADOPT_AFTER_S`` passed without one appearing, the
 attempt ends too.
 """

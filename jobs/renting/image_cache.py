@@ -4,7 +4,7 @@ attempts: what the selection prices a machine's pull with (``hosts.selection.Ima
 A machine pulled image I when an attempt of a team job with image I came up on it (its
 container started: ``container_started_at``, else the agent's first call). Vast hosts keep image
 layers in their Docker between rentals, while an instance's own disk goes with it
-(``hosts/sandbox/image_cache.py`` cites both), so a later rental of that machine starts without
+(``sandbox/image_cache.py`` cites both), so a later rental of that machine starts without
 the pull unless the host wiped it meanwhile. Which of the two happened is read from that later
 rental's own pull (rent to container up): it **found the image** when the pull took less than
 the machine's last whole pull minus half the image's transfer at the offer's bandwidth (half
@@ -31,7 +31,7 @@ from hosts import selection
 from jobs.models import Attempt
 
 # Not published (no Vast page says how often hosts prune images): a guess, the same as the
-# sandbox's one wipe in five rentals (hosts/sandbox/image_cache.py, GUESSED_WIPE_CHANCE).
+# sandbox's one wipe in five rentals (sandbox/image_cache.py, GUESSED_WIPE_CHANCE).
 PRIOR_KEPT = 0.8
 PRIOR_WEIGHT = 5.0  # later rentals the prior counts as, against the team's
 MACHINE_WEIGHT = 2.0  # later rentals the team's rate counts as, against one machine's
@@ -124,7 +124,8 @@ def outcomes_by_machine(pulls: Iterable[Pull]) -> dict[int, Outcomes]:
 
 def attempts_that_found_the_image(team_id: int, image: str) -> frozenset[int]:
     """The team's attempts whose machine held IMAGE from an earlier rental: their pull was no
-    pull, so the measured start-up leaves them out (``jobs.measured.measured_startup``)."""
+    pull, so the measured start-up leaves them out
+    (``jobs.renting.shape_history.measured_startup``)."""
     if not image:
         return frozenset()
     pulls = read_pulls(pulls_of(team_id, image))

@@ -1,0 +1,15 @@
+"""The watchdog: notices lost hosts, every few seconds, one question per file.
+
+- ``passes``: one pass (``tick``), in order; the task runs it every ``WATCHDOG_INTERVAL_S``;
+- ``deadlines``: the deadline causes: never registered, a GPU fault, silence, a stall;
+- ``silence``: when a host's silence is its loss, and when it is the supervisor's own;
+- ``outages``: the supervisor's own outages, opened and closed for the status page;
+- ``stall``: when a host that heartbeats still counts as lost (the heartbeat asks it too);
+- ``instance_status``: what Vast's instance fields mean for an attempt;
+- ``poll``: the provider poll: each account's instances against the live attempts, orphans;
+- ``adopt``: creates whose outcome is unknown: adopted by label, settled or given up;
+- ``outbids``, ``offline``, ``contracts``: an outbid rental, a host offline, a contract ending.
+
+Each row is guarded where it is handled (``with jobs.attention.row(...)``): one bad row never
+stops a pass.
+"""
