@@ -17,7 +17,8 @@ from ninja.errors import AuthenticationError, HttpError
 from ninja.security import HttpBearer
 from pydantic import BaseModel
 
-from jobs import agent_services, bootstrap, checkpoints, workdirs
+from jobs import agent_services, bootstrap, checkpoints
+from jobs.code import packs
 from jobs.models import Attempt, Checkpoint
 
 
@@ -162,7 +163,7 @@ def register(request: HttpRequest, payload: RegisterIn) -> dict:
     now = timezone.now()
     try:
         return agent_services.register_agent(request.auth, now=now, phases=phases)
-    except workdirs.PackUnavailable as exc:
+    except packs.PackUnavailable as exc:
         # No host can run it: the job fails, its machine is released, and the agent stops.
         agent_services.fail_without_code(request.auth, why=str(exc), now=now)
         raise HttpError(410, f"{exc}; this attempt has ended: stop") from exc

@@ -20,13 +20,13 @@ from jobs import (
     auto_checkpoint,
     checkpoints,
     heartbeat_store,
-    job_secrets,
     lifecycle,
     staging,
     stall,
-    workdirs,
 )
 from jobs import checkpoint_interval as ci
+from jobs.code import for_agent as code_for_agent
+from jobs.code import job_secrets
 from jobs.heartbeat_store import LOG_TAIL_LIMIT, Heartbeat
 from jobs.models import (
     ON_HOST_STATES,
@@ -152,11 +152,11 @@ def register_agent(
         },
         "resume": resume,
         "encryption": _encryption(job),
-        # The job's code (PROTOCOL.md, ``workdir``); raises workdirs.PackUnavailable.
-        "workdir": workdirs.agent_workdir(job),
+        # The job's code (PROTOCOL.md, ``workdir``); raises packs.PackUnavailable.
+        "workdir": code_for_agent.agent_workdir(job),
         # The staged model files (PROTOCOL.md, ``stage``), laid out before the setup.
         "stage": staging.agent_stage(job),
-        # The one place a secret's value leaves the server for a host (jobs.job_secrets).
+        # The one place a secret's value leaves the server for a host (jobs.code.job_secrets).
         "setup": job.setup,
         "secrets": job_secrets.register_secrets(job),
     }

@@ -34,13 +34,13 @@ from hosts.vast import (
 from jobs import (
     attention,
     image_cache,
-    job_secrets,
     lifecycle,
     market_terms,
     measured,
     rent_claims,
 )
 from jobs.bootstrap import render_bootstrap
+from jobs.code import job_secrets
 from jobs.market_terms import profile_for, requirements_for
 from jobs.models import Attempt, AttemptState, Job, JobEvent
 from nomadgpu.tokens import issue_token

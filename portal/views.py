@@ -20,7 +20,8 @@ from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
 from agent.ckptcrypto import DecryptingReader
-from jobs import auto_checkpoint, job_secrets, lifecycle, market_terms, staging, workdirs
+from jobs import auto_checkpoint, lifecycle, market_terms, staging
+from jobs.code import job_secrets, packs
 from jobs.models import Checkpoint, Job, JobState
 from jobs.spec import JOB_TEMPLATES, MissingSecret, submit_spec, template_spec
 from jobs.spending import BudgetExceeded
@@ -232,7 +233,7 @@ def _submit(request: HttpRequest, form: JobForm, team) -> Job | None:
     except MissingSecret as exc:  # nothing was created
         form.add_error(exc.field, str(exc))
         return None
-    except workdirs.WorkdirRefused as exc:
+    except packs.WorkdirRefused as exc:
         form.add_error(workdir_field(exc.about), str(exc))
         return None
     messages.success(request, f"Job {job.name} submitted.")
@@ -247,13 +248,11 @@ def _store_code(form: JobForm, team) -> None:
         return
     encrypted = form.cleaned_data["spec"].encrypt_checkpoints
     try:
-        workdirs.store_pack(
+        packs.store_pack(
             team=team, sha256=pack.sha256, size=pack.size, source=pack.file, encrypted=encrypted
         )
     except StorageError as exc:
-        raise workdirs.WorkdirRefused(
-            f"the code could not be stored: {exc}", about="archive"
-        ) from exc
+        raise packs.WorkdirRefused(f"the code could not be stored: {exc}", about="archive") from exc
 
 
 # --- Detail -----------------------------------------------------------------------------------
