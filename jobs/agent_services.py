@@ -21,12 +21,11 @@ from jobs import (
     checkpoints,
     heartbeat_store,
     lifecycle,
-    staging,
     stall,
 )
 from jobs import checkpoint_interval as ci
-from jobs.code import for_agent as code_for_agent
 from jobs.code import job_secrets
+from jobs.code.for_agent import agent_workdir
 from jobs.heartbeat_store import LOG_TAIL_LIMIT, Heartbeat
 from jobs.models import (
     ON_HOST_STATES,
@@ -36,6 +35,7 @@ from jobs.models import (
     LossPoint,
     loss_sample_every,
 )
+from jobs.staging.for_agent import agent_stage
 from nomadgpu.storage import object_store
 from nomadgpu.tokens import token_matches, token_prefix
 
@@ -153,9 +153,9 @@ def register_agent(
         "resume": resume,
         "encryption": _encryption(job),
         # The job's code (PROTOCOL.md, ``workdir``); raises packs.PackUnavailable.
-        "workdir": code_for_agent.agent_workdir(job),
+        "workdir": agent_workdir(job),
         # The staged model files (PROTOCOL.md, ``stage``), laid out before the setup.
-        "stage": staging.agent_stage(job),
+        "stage": agent_stage(job),
         # The one place a secret's value leaves the server for a host (jobs.code.job_secrets).
         "setup": job.setup,
         "secrets": job_secrets.register_secrets(job),

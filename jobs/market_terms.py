@@ -32,9 +32,10 @@ from pydantic import TypeAdapter, ValidationError
 from hosts import selection
 from hosts.vast import Offer
 from hosts.wait_or_move import ReturnHistory, WaitOrMove, wait_or_move
-from jobs import measured, staging
+from jobs import measured
 from jobs.models import Attempt, Checkpoint, Job
 from jobs.spec import EnvVars, ProfileSpec, RequirementsSpec
+from jobs.staging import stage
 
 # --- Stored specs, checked ---------------------------------------------------------------------
 
@@ -156,7 +157,7 @@ def with_staged(
     """PROFILE with JOB's staged files (once mirrored) as its model download, in place of the
     typed ``model_gb``: the agent fetches them on every host. What the command itself still
     downloads (measured, which leaves out the agent's own bytes) comes on top."""
-    staged = staging.staged_gb(job)
+    staged = stage.staged_gb(job)
     if staged is None:
         return profile
     own = history.download.value if history.download is not None else 0.0

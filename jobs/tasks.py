@@ -15,7 +15,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from hosts.vast import VastClient
-from jobs import checkpoints, renting, staging, watchdog
+from jobs import checkpoints, renting, watchdog
+from jobs.staging import stage
 from nomadgpu.models import Team
 
 logger = logging.getLogger(__name__)
@@ -74,12 +75,12 @@ def stage_job(self, job_id: int) -> str:
     task mirroring the same entry is waited for; a transport or storage error is retried with
     backoff, and fails the job (no host rented) once the retries are spent."""
     try:
-        return staging.stage_job(job_id, now=timezone.now())
-    except staging.MirrorBusy as exc:
+        return stage.stage_job(job_id, now=timezone.now())
+    except stage.MirrorBusy as exc:
         raise self.retry(exc=exc, countdown=2, max_retries=None) from exc
     except Exception as exc:
         if self.request.retries >= self.max_retries:
             logger.exception("staging job %s failed for good", job_id)
-            staging.fail_staging(job_id, why=f"{type(exc).__name__}: {exc}", now=timezone.now())
-            return staging.FAILED
+            stage.fail_staging(job_id, why=f"{type(exc).__name__}: {exc}", now=timezone.now())
+            return stage.FAILED
         raise self.retry(exc=exc, countdown=min(60, 5 * 2**self.request.retries)) from exc

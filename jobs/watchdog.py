@@ -43,12 +43,12 @@ from jobs import (
     rent_claims,
     renting,
     silence,
-    staging,
     stall,
 )
 from jobs.lifecycle import Loss
 from jobs.market_terms import RentDecision
 from jobs.models import LIVE_ATTEMPT_STATES, ON_HOST_STATES, Attempt, AttemptState, Checkpoint, Job
+from jobs.staging import stage
 from nomadgpu import ingest
 from nomadgpu.ingest import beacon_interval_s, read_ingest
 from nomadgpu.ingest import gap as ingest_gap
@@ -107,7 +107,7 @@ def tick(*, now: datetime, poll_provider: bool | None = None) -> dict:
         "lost": sum(bool(x) for x in lost),
         "planned": sum(p is not None for p in planned),
         "nudged": nudge_planned(now),
-        "staging_nudged": staging.nudge_staging(now),
+        "staging_nudged": stage.nudge_staging(now),
         "held": evidence.outage_open,
     }
     report["failed"] = attention.record_pass(now=now)

@@ -23,12 +23,13 @@ from ninja.security import HttpBearer, django_auth
 
 from billing.cost import JobCost, charges_prefetch, job_cost
 from hosts.vast import VastError
-from jobs import anatomy, job_status, lifecycle, staging
+from jobs import anatomy, job_status, lifecycle
 from jobs.code import job_secrets, packs
 from jobs.drill import DrillError, destroy_running_host
 from jobs.models import Attempt, Job
 from jobs.spec import JOB_TEMPLATES, JobSpec, MissingSecret, submit_spec, template_spec
 from jobs.spending import BudgetExceeded
+from jobs.staging import stage
 from nomadgpu import api_tokens
 from nomadgpu.models import Team
 from nomadgpu.permissions import (
@@ -272,7 +273,7 @@ def job_detail_out(job: Job, *, now: datetime) -> dict[str, Any]:
         "image": job.image,
         "command": job.command,
         "failure_reason": job.failure_reason,
-        "stage": staging.progress(job),
+        "stage": stage.progress(job),
         "early_finish": job_status.early_finish_note(job),
         "loss": host.loss if host else None,
         "seconds_per_step": host.seconds_per_step if host else None,

@@ -20,11 +20,12 @@ from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
 from agent.ckptcrypto import DecryptingReader
-from jobs import auto_checkpoint, lifecycle, market_terms, staging
+from jobs import auto_checkpoint, lifecycle, market_terms
 from jobs.code import job_secrets, packs
 from jobs.models import Checkpoint, Job, JobState
 from jobs.spec import JOB_TEMPLATES, MissingSecret, submit_spec, template_spec
 from jobs.spending import BudgetExceeded
+from jobs.staging import stage
 from nomadgpu import humanize, team_secrets
 from nomadgpu.permissions import (
     can_manage_team,
@@ -277,7 +278,7 @@ def detail_context(request: HttpRequest, job: Job) -> dict:
         "estimate_figures": partial(portal.estimate_figures, job),
         "checkpoints": checkpoints.newest_first(),
         "auto_checkpoint": auto_checkpoint.page_summary(job, now=now),
-        "staging": staging.progress(job),
+        "staging": stage.progress(job),
         "attempts": list(job.attempts.all()),
         "gpu_rows": portal.gpu_rows(row.attempt),
         # Masked again here: the agent masks the job's secret values before they leave it.
