@@ -17,7 +17,8 @@ from ninja.errors import AuthenticationError, HttpError
 from ninja.security import HttpBearer
 from pydantic import BaseModel
 
-from jobs import agent_services, bootstrap, checkpoints
+from jobs import agent_services, bootstrap
+from jobs.checkpoints import records
 from jobs.code import packs
 from jobs.models import Attempt, Checkpoint
 
@@ -138,14 +139,14 @@ class CheckpointIn(Schema):
 
 
 class PartIn(Schema):
-    part_number: int = Field(..., ge=1, le=checkpoints.MAX_PARTS)
+    part_number: int = Field(..., ge=1, le=records.MAX_PARTS)
     etag: str = Field(..., max_length=200)
 
 
 class CompleteIn(Schema):
     size: int = Field(..., gt=0)
     sha256: str = Field(..., pattern=r"^[0-9a-f]{64}$")
-    parts: list[PartIn] = Field(default_factory=list, max_length=checkpoints.MAX_PARTS)
+    parts: list[PartIn] = Field(default_factory=list, max_length=records.MAX_PARTS)
 
 
 class ExitIn(Schema):
@@ -190,10 +191,10 @@ def create_checkpoint(request: HttpRequest, payload: CheckpointIn) -> dict:
         wanted = "encrypted" if attempt.job.encrypt_checkpoints else "plain"
         raise HttpError(409, f"this job stores {wanted} checkpoints")
     try:
-        plan = checkpoints.plan_upload(
+        plan = records.plan_upload(
             attempt, step=payload.step, size=payload.size, encrypted=payload.encrypted
         )
-    except checkpoints.CheckpointRefused as exc:
+    except records.CheckpointRefused as exc:
         raise HttpError(409, str(exc)) from exc
     return {"checkpoint_id": plan.checkpoint.pk, "upload": plan.upload}
 
@@ -205,16 +206,16 @@ def complete_checkpoint(request: HttpRequest, checkpoint_id: int, payload: Compl
     if checkpoint is None:
         raise HttpError(404, f"no checkpoint {checkpoint_id} in this attempt")
     try:
-        done = checkpoints.complete_upload(
+        done = records.complete_upload(
             checkpoint,
             size=payload.size,
             sha256=payload.sha256,
             parts=[(p.part_number, p.etag) for p in payload.parts],
             now=timezone.now(),
         )
-    except checkpoints.CheckpointRefused as exc:
+    except records.CheckpointRefused as exc:
         raise HttpError(409, str(exc)) from exc
-    checkpoints.prune_old(attempt.job_id, keep_last=attempt.job.keep_last)
+    records.prune_old(attempt.job_id, keep_last=attempt.job.keep_last)
     return {"ready": True, "step": done.step}
 
 

@@ -17,13 +17,12 @@ from django.db.models import DateTimeField, F, Value
 from django.db.models.functions import Coalesce
 
 from jobs import (
-    auto_checkpoint,
-    checkpoints,
     heartbeat_store,
     lifecycle,
     stall,
 )
-from jobs import checkpoint_interval as ci
+from jobs.checkpoints import interval as ci
+from jobs.checkpoints import records, requests
 from jobs.code import job_secrets
 from jobs.code.for_agent import agent_workdir
 from jobs.heartbeat_store import LOG_TAIL_LIMIT, Heartbeat
@@ -147,8 +146,8 @@ def register_agent(
         "num_gpus": job_gpu_count(job),
         "checkpoint": {
             "keep_last": job.keep_last,
-            "upload_part_size": checkpoints.PART_SIZE,
-            "mode": ci.AUTO if auto_checkpoint.is_auto(job) else ci.SCRIPT,
+            "upload_part_size": records.PART_SIZE,
+            "mode": ci.AUTO if requests.is_auto(job) else ci.SCRIPT,
         },
         "resume": resume,
         "encryption": _encryption(job),

@@ -15,7 +15,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from hosts.vast import VastClient
-from jobs import checkpoints, renting, watchdog
+from jobs import renting, watchdog
+from jobs.checkpoints import records
 from jobs.staging import stage
 from nomadgpu.models import Team
 
@@ -54,13 +55,13 @@ def destroy_instance(team_id: int, instance_id: int) -> bool:
 @shared_task(ignore_result=True, autoretry_for=(Exception,), retry_backoff=5, max_retries=5)
 def discard_unfinished_uploads(attempt_id: int) -> int:
     """An attempt closed with uploads in flight: give them up (``discard_unfinished``)."""
-    return len(checkpoints.discard_unfinished(attempt_id))
+    return len(records.discard_unfinished(attempt_id))
 
 
 @shared_task(ignore_result=True)
 def sweep_late_uploads() -> int:
     """What a fenced agent's still-valid URLs let land on S3 after its attempt closed."""
-    return checkpoints.sweep_late_uploads(now=timezone.now())
+    return records.sweep_late_uploads(now=timezone.now())
 
 
 @shared_task(

@@ -38,13 +38,13 @@ from hosts.vast import Instance, VastClient, VastError, container_runtime_failed
 from hosts.wait_or_move import ReturnHistory, WaitOrMove
 from jobs import (
     attention,
-    auto_checkpoint,
     lifecycle,
     rent_claims,
     renting,
     silence,
     stall,
 )
+from jobs.checkpoints import requests
 from jobs.lifecycle import Loss
 from jobs.market_terms import RentDecision
 from jobs.models import LIVE_ATTEMPT_STATES, ON_HOST_STATES, Attempt, AttemptState, Checkpoint, Job
@@ -102,7 +102,7 @@ def tick(*, now: datetime, poll_provider: bool | None = None) -> dict:
     report = {
         "settled": settled,
         # Jobs with `checkpoint = "auto"`: one query when there are none.
-        "checkpoints_asked": auto_checkpoint.ask_due_checkpoints(now),
+        "checkpoints_asked": requests.ask_due_checkpoints(now),
         "moved": moved,
         "lost": sum(bool(x) for x in lost),
         "planned": sum(p is not None for p in planned),

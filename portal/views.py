@@ -20,7 +20,8 @@ from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
 from agent.ckptcrypto import DecryptingReader
-from jobs import auto_checkpoint, lifecycle, market_terms
+from jobs import lifecycle, market_terms
+from jobs.checkpoints import requests
 from jobs.code import job_secrets, packs
 from jobs.models import Checkpoint, Job, JobState
 from jobs.spec import JOB_TEMPLATES, MissingSecret, submit_spec, template_spec
@@ -277,7 +278,7 @@ def detail_context(request: HttpRequest, job: Job) -> dict:
         # Called by the template only where it is shown (not in the polled live fragment).
         "estimate_figures": partial(portal.estimate_figures, job),
         "checkpoints": checkpoints.newest_first(),
-        "auto_checkpoint": auto_checkpoint.page_summary(job, now=now),
+        "auto_checkpoint": requests.page_summary(job, now=now),
         "staging": stage.progress(job),
         "attempts": list(job.attempts.all()),
         "gpu_rows": portal.gpu_rows(row.attempt),
