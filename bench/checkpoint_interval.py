@@ -56,7 +56,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.support import line  # noqa: E402
 from hosts.selection import INTERRUPTIBLE, ON_DEMAND, PreemptionRates  # noqa: E402
-from jobs import checkpoint_interval as ci  # noqa: E402
+from jobs.checkpoints import interval as ci  # noqa: E402
 
 SEED = 1
 JOBS = {"flaky": 4000, "stable": 20000}

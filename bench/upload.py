@@ -135,7 +135,7 @@ class Bench:
     def agent_upload(self, key: str) -> tuple[float, int, str]:
         """(seconds, object size, sha256) of one encrypted upload through the agent's code."""
         from agent import checkpoints as ck
-        from jobs.checkpoints import PART_SIZE, SINGLE_PUT_LIMIT, parts_needed
+        from jobs.checkpoints.records import PART_SIZE, SINGLE_PUT_LIMIT, parts_needed
 
         t0 = time.perf_counter()
         plan = ck.plan_tar(self.folder)

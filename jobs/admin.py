@@ -4,7 +4,8 @@ from django import forms
 from django.contrib import admin
 from django.utils import timezone
 
-from jobs import attention, job_secrets, lifecycle
+from jobs import attention, lifecycle
+from jobs.code import job_secrets
 from jobs.models import (
     Attempt,
     Checkpoint,

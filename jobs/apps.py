@@ -5,8 +5,8 @@ class JobsConfig(AppConfig):
     name = "jobs"
 
     def ready(self) -> None:
-        from jobs.checkpoints import late_write_refusal
-        from jobs.workdirs import write_refusal as pack_write_refusal
+        from jobs.checkpoints.records import late_write_refusal
+        from jobs.code.packs import write_refusal as pack_write_refusal
         from nomadgpu.storage import install_write_guard
 
         # The local store's PUTs must stop landing once the attempt that got the URL is over,

@@ -38,8 +38,9 @@ from pydantic import (
 
 from agent import launch
 from hosts.vast.parsing import BID_MAX_USD, BID_MIN_USD
-from jobs import job_secrets, lifecycle, workdirs
-from jobs.job_secrets import MissingSecret
+from jobs import lifecycle
+from jobs.code import job_secrets, submit
+from jobs.code.job_secrets import MissingSecret
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # The agent owns these: a job may not point its own agent elsewhere or change its token.
@@ -325,7 +326,7 @@ def submit_spec(spec: JobSpec, *, team, created_by, now: datetime):
     message with the numbers) when the estimate would cross a spending limit and the spec
     does not ask to wait for the budget."""
     check_team_refs(spec, team=team)
-    workdir = workdirs.stored_workdir(spec.workdir, team=team, encrypted=spec.encrypt_checkpoints)
+    workdir = submit.stored_workdir(spec.workdir, team=team, encrypted=spec.encrypt_checkpoints)
     fields = {**spec.job_fields(), "workdir": workdir}
     return lifecycle.submit_job(team=team, created_by=created_by, now=now, **fields)
 

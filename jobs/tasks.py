@@ -15,8 +15,9 @@ from django.conf import settings
 from django.utils import timezone
 
 from hosts.vast import VastClient
-from jobs import checkpoints, staging
+from jobs.checkpoints import records
 from jobs.renting import rent
+from jobs.staging import stage
 from jobs.watchdog import passes
 from nomadgpu.models import Team
 
@@ -55,13 +56,13 @@ def destroy_instance(team_id: int, instance_id: int) -> bool:
 @shared_task(ignore_result=True, autoretry_for=(Exception,), retry_backoff=5, max_retries=5)
 def discard_unfinished_uploads(attempt_id: int) -> int:
     """An attempt closed with uploads in flight: give them up (``discard_unfinished``)."""
-    return len(checkpoints.discard_unfinished(attempt_id))
+    return len(records.discard_unfinished(attempt_id))
 
 
 @shared_task(ignore_result=True)
 def sweep_late_uploads() -> int:
     """What a fenced agent's still-valid URLs let land on S3 after its attempt closed."""
-    return checkpoints.sweep_late_uploads(now=timezone.now())
+    return records.sweep_late_uploads(now=timezone.now())
 
 
 @shared_task(
@@ -76,12 +77,12 @@ def stage_job(self, job_id: int) -> str:
     task mirroring the same entry is waited for; a transport or storage error is retried with
     backoff, and fails the job (no host rented) once the retries are spent."""
     try:
-        return staging.stage_job(job_id, now=timezone.now())
-    except staging.MirrorBusy as exc:
+        return stage.stage_job(job_id, now=timezone.now())
+    except stage.MirrorBusy as exc:
         raise self.retry(exc=exc, countdown=2, max_retries=None) from exc
     except Exception as exc:
         if self.request.retries >= self.max_retries:
             logger.exception("staging job %s failed for good", job_id)
-            staging.fail_staging(job_id, why=f"{type(exc).__name__}: {exc}", now=timezone.now())
-            return staging.FAILED
+            stage.fail_staging(job_id, why=f"{type(exc).__name__}: {exc}", now=timezone.now())
+            return stage.FAILED
         raise self.retry(exc=exc, countdown=min(60, 5 * 2**self.request.retries)) from exc

@@ -15,8 +15,8 @@ from typing import Any
 from django import forms
 from django.conf import settings
 
+from jobs.code.archives import ArchiveRefused, PreparedPack, prepare_archive
 from jobs.spec import JobSpec, ProfileSpec, RequirementsSpec, ValidationError, error_messages
-from jobs.workdir_archives import ArchiveRefused, PreparedPack, prepare_archive
 
 # Spec path → form field, in the order of the page. Booleans are checkboxes.
 FIELD_PATHS: dict[str, str] = {

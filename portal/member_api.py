@@ -23,11 +23,13 @@ from ninja.security import HttpBearer, django_auth
 
 from billing.cost import JobCost, charges_prefetch, job_cost
 from hosts.vast import VastError
-from jobs import anatomy, job_secrets, job_status, lifecycle, staging, workdirs
+from jobs import anatomy, job_status, lifecycle
+from jobs.code import job_secrets, packs
 from jobs.drill import DrillError, destroy_running_host
 from jobs.models import Attempt, Job
 from jobs.spec import JOB_TEMPLATES, JobSpec, MissingSecret, submit_spec, template_spec
 from jobs.spending import BudgetExceeded
+from jobs.staging import stage
 from nomadgpu import api_tokens
 from nomadgpu.models import Team
 from nomadgpu.permissions import (
@@ -214,7 +216,7 @@ def choose_submit_team(user, slug: str | None) -> Team:
     raise NinjaValidationError([{"loc": ["body", "payload", "team"], "msg": msg, "type": "team"}])
 
 
-def workdir_error(exc: workdirs.WorkdirRefused) -> NinjaValidationError:
+def workdir_error(exc: packs.WorkdirRefused) -> NinjaValidationError:
     """A refused workdir as a 422 naming its field (``workdir.ref``, ``workdir.sha256``)."""
     loc = ["body", "payload", "workdir", *([exc.about] if exc.about else [])]
     return NinjaValidationError([{"loc": loc, "msg": str(exc), "type": "workdir"}])
@@ -271,7 +273,7 @@ def job_detail_out(job: Job, *, now: datetime) -> dict[str, Any]:
         "image": job.image,
         "command": job.command,
         "failure_reason": job.failure_reason,
-        "stage": staging.progress(job),
+        "stage": stage.progress(job),
         "early_finish": job_status.early_finish_note(job),
         "loss": host.loss if host else None,
         "seconds_per_step": host.seconds_per_step if host else None,
@@ -339,7 +341,7 @@ def submit(request: HttpRequest, payload: SubmitIn):
     except MissingSecret as exc:  # nothing was created: a 422 on the field, like a bad value
         loc = ["body", "payload", exc.field]
         raise NinjaValidationError([{"loc": loc, "msg": str(exc), "type": "secret"}]) from exc
-    except workdirs.WorkdirRefused as exc:  # nothing was created: the code cannot be used
+    except packs.WorkdirRefused as exc:  # nothing was created: the code cannot be used
         raise workdir_error(exc) from exc
     return Status(201, job_detail_out(_job_or_404(request, job.pk), now=now))
 

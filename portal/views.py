@@ -20,10 +20,13 @@ from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
 from agent.ckptcrypto import DecryptingReader
-from jobs import auto_checkpoint, job_secrets, lifecycle, rent_decision, staging, workdirs
+from jobs import lifecycle, rent_decision
+from jobs.checkpoints import requests
+from jobs.code import job_secrets, packs
 from jobs.models import Checkpoint, Job, JobState
 from jobs.spec import JOB_TEMPLATES, MissingSecret, submit_spec, template_spec
 from jobs.spending import BudgetExceeded
+from jobs.staging import stage
 from nomadgpu import humanize, team_secrets
 from nomadgpu.permissions import (
     can_manage_team,
@@ -232,7 +235,7 @@ def _submit(request: HttpRequest, form: JobForm, team) -> Job | None:
     except MissingSecret as exc:  # nothing was created
         form.add_error(exc.field, str(exc))
         return None
-    except workdirs.WorkdirRefused as exc:
+    except packs.WorkdirRefused as exc:
         form.add_error(workdir_field(exc.about), str(exc))
         return None
     messages.success(request, f"Job {job.name} submitted.")
@@ -247,13 +250,11 @@ def _store_code(form: JobForm, team) -> None:
         return
     encrypted = form.cleaned_data["spec"].encrypt_checkpoints
     try:
-        workdirs.store_pack(
+        packs.store_pack(
             team=team, sha256=pack.sha256, size=pack.size, source=pack.file, encrypted=encrypted
         )
     except StorageError as exc:
-        raise workdirs.WorkdirRefused(
-            f"the code could not be stored: {exc}", about="archive"
-        ) from exc
+        raise packs.WorkdirRefused(f"the code could not be stored: {exc}", about="archive") from exc
 
 
 # --- Detail -----------------------------------------------------------------------------------
@@ -277,8 +278,8 @@ def detail_context(request: HttpRequest, job: Job) -> dict:
         # Called by the template only where it is shown (not in the polled live fragment).
         "estimate_figures": partial(portal.estimate_figures, job),
         "checkpoints": checkpoints.newest_first(),
-        "auto_checkpoint": auto_checkpoint.page_summary(job, now=now),
-        "staging": staging.progress(job),
+        "auto_checkpoint": requests.page_summary(job, now=now),
+        "staging": stage.progress(job),
         "attempts": list(job.attempts.all()),
         "gpu_rows": portal.gpu_rows(row.attempt),
         # Masked again here: the agent masks the job's secret values before they leave it.

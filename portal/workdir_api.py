@@ -16,7 +16,7 @@ from ninja import Field, Path, Query, Router, Schema
 from ninja.errors import HttpError
 from ninja.security import django_auth
 
-from jobs import workdirs
+from jobs.code import packs
 from nomadgpu.storage import READ_CHUNK
 from portal.member_api import PersonalToken, choose_submit_team
 
@@ -50,12 +50,12 @@ class WorkdirOut(Schema):
     upload: UploadOut | None = Field(None, description="where to PUT the pack; absent if ready")
 
 
-def _refused(exc: workdirs.WorkdirRefused) -> HttpError:
+def _refused(exc: packs.WorkdirRefused) -> HttpError:
     return HttpError(exc.status, str(exc))
 
 
-def _upload(plan: workdirs.UploadPlan, team) -> dict | None:
-    if plan.state == workdirs.READY:
+def _upload(plan: packs.UploadPlan, team) -> dict | None:
+    if plan.state == packs.READY:
         return None
     if plan.via == "storage":
         return {"method": "PUT", "url": plan.url, "via": "storage"}
@@ -70,10 +70,10 @@ def request_upload(request: HttpRequest, payload: WorkdirIn):
     team = choose_submit_team(request.auth, payload.team)
     sha256 = payload.sha256.lower()
     try:
-        plan = workdirs.request_upload(
+        plan = packs.request_upload(
             team=team, sha256=sha256, size=payload.size, encrypted=payload.encrypted
         )
-    except workdirs.WorkdirRefused as exc:
+    except packs.WorkdirRefused as exc:
         raise _refused(exc) from exc
     return {"sha256": sha256, "state": plan.state, "upload": _upload(plan, team)}
 
@@ -84,10 +84,8 @@ def complete(request: HttpRequest, payload: CompleteIn, sha256: str = Path(patte
     and marks it ready. 409 when they differ (upload it again)."""
     team = choose_submit_team(request.auth, payload.team)
     try:
-        pack = workdirs.complete_upload(
-            team=team, sha256=sha256.lower(), encrypted=payload.encrypted
-        )
-    except workdirs.WorkdirRefused as exc:
+        pack = packs.complete_upload(team=team, sha256=sha256.lower(), encrypted=payload.encrypted)
+    except packs.WorkdirRefused as exc:
         raise _refused(exc) from exc
     return {"sha256": pack.sha256, "state": pack.state}
 
@@ -109,10 +107,10 @@ def put_content(
     is not the pack announced."""
     chosen = choose_submit_team(request.auth, team)
     announced = request.headers.get("Content-Length", "")
-    if announced.isdigit() and (why := workdirs.size_refusal(int(announced))):
+    if announced.isdigit() and (why := packs.size_refusal(int(announced))):
         raise HttpError(413, why)
     try:
-        pack = workdirs.receive_pack(team=chosen, sha256=sha256.lower(), chunks=_body(request))
-    except workdirs.WorkdirRefused as exc:
+        pack = packs.receive_pack(team=chosen, sha256=sha256.lower(), chunks=_body(request))
+    except packs.WorkdirRefused as exc:
         raise _refused(exc) from exc
     return {"sha256": pack.sha256, "state": pack.state}

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from jobs import checkpoints
+from jobs.checkpoints import records
 from jobs.models import Checkpoint, JobState
 from nomadgpu.storage import object_store
 from tests.factories import JobFactory, make_attempt
@@ -128,8 +128,8 @@ def test_a_part_upload_interrupted_midway_is_retried_and_completes(
     settings.SITE_URL = live_server.url
     settings.STORAGE_BACKEND = "local"
     settings.STORAGE_LOCAL_DIR = tmp_path / "objects"
-    monkeypatch.setattr(checkpoints, "SINGLE_PUT_LIMIT", 64 * 1024)
-    monkeypatch.setattr(checkpoints, "PART_SIZE", 64 * 1024)
+    monkeypatch.setattr(records, "SINGLE_PUT_LIMIT", 64 * 1024)
+    monkeypatch.setattr(records, "PART_SIZE", 64 * 1024)
     original = LocalObjectStore.write_part
     calls = []
 

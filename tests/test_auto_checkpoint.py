@@ -10,8 +10,9 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from jobs import auto_checkpoint, lifecycle
-from jobs import checkpoint_interval as ci
+from jobs import lifecycle
+from jobs.checkpoints import interval as ci
+from jobs.checkpoints import requests
 from jobs.models import Attempt, Checkpoint, JobEvent
 from jobs.renting import interruption_rates
 from jobs.spec import JobSpec
@@ -48,7 +49,7 @@ def running(team=None, *, profile=None, **fields) -> Attempt:
 def interval(attempt: Attempt) -> int:
     """The attempt's interval in whole seconds, rounded up (timedelta keeps microseconds)."""
     rates = interruption_rates.preemption_rates(attempt.job.team_id, now=START)
-    return math.ceil(auto_checkpoint.interval_for(attempt, rates=rates, now=START).interval_s)
+    return math.ceil(requests.interval_for(attempt, rates=rates, now=START).interval_s)
 
 
 def asked(attempt: Attempt) -> list[JobEvent]:
@@ -91,8 +92,8 @@ def test_the_watchdog_asks_at_the_interval_and_not_before():
     attempt = running()
     due = START + timedelta(seconds=interval(attempt))
 
-    assert auto_checkpoint.ask_due_checkpoints(due - timedelta(seconds=1)) == 0
-    assert auto_checkpoint.ask_due_checkpoints(due) == 1
+    assert requests.ask_due_checkpoints(due - timedelta(seconds=1)) == 0
+    assert requests.ask_due_checkpoints(due) == 1
 
     attempt.refresh_from_db()
     assert attempt.pending_command == "checkpoint_now"
@@ -113,10 +114,10 @@ def test_a_pending_request_is_recorded_once():
     attempt = running()
     due = START + timedelta(seconds=interval(attempt))
 
-    auto_checkpoint.ask_due_checkpoints(due)
+    requests.ask_due_checkpoints(due)
     deliver(attempt)
-    auto_checkpoint.ask_due_checkpoints(due + timedelta(seconds=10))
-    auto_checkpoint.ask_due_checkpoints(due + timedelta(seconds=20))
+    requests.ask_due_checkpoints(due + timedelta(seconds=10))
+    requests.ask_due_checkpoints(due + timedelta(seconds=20))
 
     assert len(asked(attempt)) == 1
 
@@ -125,7 +126,7 @@ def test_a_command_already_pending_is_left_alone():
     attempt = running(pending_command="stop")
     due = START + timedelta(seconds=interval(attempt))
 
-    assert auto_checkpoint.ask_due_checkpoints(due) == 0
+    assert requests.ask_due_checkpoints(due) == 0
     attempt.refresh_from_db()
     assert attempt.pending_command == "stop"
     assert asked(attempt) == []
@@ -140,34 +141,34 @@ def test_a_checkpoint_of_its_own_restarts_the_interval():
     ready_at = START + timedelta(seconds=every - 40)
 
     assert shorter < every
-    assert auto_checkpoint.ask_due_checkpoints(ready_at + timedelta(seconds=shorter - 1)) == 0
-    assert auto_checkpoint.ask_due_checkpoints(ready_at + timedelta(seconds=shorter)) == 1
+    assert requests.ask_due_checkpoints(ready_at + timedelta(seconds=shorter - 1)) == 0
+    assert requests.ask_due_checkpoints(ready_at + timedelta(seconds=shorter)) == 1
 
 
 def test_the_next_request_follows_the_checkpoint_that_answered():
     attempt = running()
     first = START + timedelta(seconds=interval(attempt))
-    auto_checkpoint.ask_due_checkpoints(first)
+    requests.ask_due_checkpoints(first)
     deliver(attempt)
     ready_checkpoint(attempt, step=120, created=first + timedelta(seconds=10))
     again = first + timedelta(seconds=30 + interval(attempt))
 
-    assert auto_checkpoint.ask_due_checkpoints(again - timedelta(seconds=1)) == 0
-    assert auto_checkpoint.ask_due_checkpoints(again) == 1
+    assert requests.ask_due_checkpoints(again - timedelta(seconds=1)) == 0
+    assert requests.ask_due_checkpoints(again) == 1
     assert len(asked(attempt)) == 2
 
 
 def test_a_script_that_ignores_the_request_is_reported_once_and_not_asked_again():
     attempt = running()
     due = START + timedelta(seconds=interval(attempt))
-    auto_checkpoint.ask_due_checkpoints(due)
+    requests.ask_due_checkpoints(due)
     deliver(attempt)
     grace = ci.ignored_after_s(ci.DEFAULT_DELTA_S, 15, 4.0)
 
-    auto_checkpoint.ask_due_checkpoints(due + timedelta(seconds=grace - 1))
+    requests.ask_due_checkpoints(due + timedelta(seconds=grace - 1))
     assert not JobEvent.objects.filter(kind="checkpoint_ignored").exists()
     for later in (grace, grace + 60, grace + 7200):
-        auto_checkpoint.ask_due_checkpoints(due + timedelta(seconds=later))
+        requests.ask_due_checkpoints(due + timedelta(seconds=later))
 
     [event] = JobEvent.objects.filter(job_id=attempt.job_id, kind="checkpoint_ignored")
     assert "the script did not checkpoint when asked" in event.message
@@ -177,13 +178,13 @@ def test_a_script_that_ignores_the_request_is_reported_once_and_not_asked_again(
 def test_a_checkpoint_announced_after_the_request_is_not_ignored():
     attempt = running()
     due = START + timedelta(seconds=interval(attempt))
-    auto_checkpoint.ask_due_checkpoints(due)
+    requests.ask_due_checkpoints(due)
     deliver(attempt)
     Checkpoint.objects.create(
         job_id=attempt.job_id, attempt=attempt, step=150, key="k", size=1, created_at=due
     )
 
-    auto_checkpoint.ask_due_checkpoints(due + timedelta(hours=1))
+    requests.ask_due_checkpoints(due + timedelta(hours=1))
 
     assert not JobEvent.objects.filter(kind="checkpoint_ignored").exists()
 
@@ -191,7 +192,7 @@ def test_a_checkpoint_announced_after_the_request_is_not_ignored():
 def test_a_script_job_is_never_asked():
     attempt = running(profile={})
 
-    assert auto_checkpoint.ask_due_checkpoints(START + timedelta(days=1)) == 0
+    assert requests.ask_due_checkpoints(START + timedelta(days=1)) == 0
     attempt.refresh_from_db()
     assert attempt.pending_command == ""
 
@@ -223,9 +224,9 @@ def test_the_job_page_shows_the_interval_and_why(member_client, cast):
 def test_the_job_page_warns_when_the_script_ignored_a_request(member_client, cast):
     attempt = running(cast.team_a)
     due = START + timedelta(seconds=interval(attempt))
-    auto_checkpoint.ask_due_checkpoints(due)
+    requests.ask_due_checkpoints(due)
     deliver(attempt)
-    auto_checkpoint.ask_due_checkpoints(due + timedelta(hours=1))
+    requests.ask_due_checkpoints(due + timedelta(hours=1))
 
     html = member_client.get(reverse("job-detail", args=[attempt.job_id])).content.decode()
 
@@ -249,7 +250,7 @@ def test_before_its_first_upload_delta_comes_from_the_size_and_the_hosts_uplink(
     attempt = running(profile={**AUTO, "checkpoint_gb": 1.0}, decision=rented_on(400), offer_id=1)
     rates = interruption_rates.preemption_rates(attempt.job.team_id, now=START)
 
-    choice = auto_checkpoint.interval_for(attempt, rates=rates, now=START)
+    choice = requests.interval_for(attempt, rates=rates, now=START)
 
     assert choice.delta_s == pytest.approx(2**30 * 8 / 400e6 + ci.UPLOAD_OVERHEAD_S)
     assert "1.0 GB at the host's advertised 400 Mbit/s up" in choice.why
@@ -272,14 +273,14 @@ def test_a_new_host_prices_the_newest_checkpoint_at_its_own_uplink_not_the_old_h
     )
     rates = interruption_rates.preemption_rates(second.job.team_id, now=START)
 
-    choice = auto_checkpoint.interval_for(second, rates=rates, now=START)
+    choice = requests.interval_for(second, rates=rates, now=START)
 
     assert choice.delta_s == pytest.approx(2 * 2**30 * 8 / 2000e6 + ci.UPLOAD_OVERHEAD_S)
 
     # Without the new host's speed, the old host's uploads are the evidence left.
     Attempt.objects.filter(pk=second.pk).update(decision={})
     second.refresh_from_db()
-    choice = auto_checkpoint.interval_for(second, rates=rates, now=START)
+    choice = requests.interval_for(second, rates=rates, now=START)
     assert (choice.delta_s, choice.why.count("on earlier hosts")) == (300.0, 1)
 
 
@@ -290,14 +291,14 @@ def test_the_rest_of_a_long_run_is_split_evenly():
     attempt.refresh_from_db()
     rates = interruption_rates.preemption_rates(attempt.job.team_id, now=START)
 
-    choice = auto_checkpoint.interval_for(attempt, rates=rates, now=START)
+    choice = requests.interval_for(attempt, rates=rates, now=START)
 
     pieces = ci.split_remaining(4000, delta_s=60, mtbf_s=choice.mtbf_s)
     assert pieces > 1
     assert choice.interval_s == pytest.approx(4000 / pieces)
     due = START + timedelta(seconds=math.ceil(choice.interval_s))
-    assert auto_checkpoint.ask_due_checkpoints(due - timedelta(seconds=1)) == 0
-    assert auto_checkpoint.ask_due_checkpoints(due) == 1
+    assert requests.ask_due_checkpoints(due - timedelta(seconds=1)) == 0
+    assert requests.ask_due_checkpoints(due) == 1
 
 
 def test_a_job_about_to_finish_is_not_asked_and_its_page_says_why(member_client, cast):
@@ -318,7 +319,7 @@ def test_a_job_about_to_finish_is_not_asked_and_its_page_says_why(member_client,
     assert whole.intervals_left == 2  # so the test below is about the rest, not the job
     ready_checkpoint(attempt, step=280, created=START + timedelta(seconds=1100))
 
-    assert auto_checkpoint.ask_due_checkpoints(START + timedelta(hours=6)) == 0
+    assert requests.ask_due_checkpoints(START + timedelta(hours=6)) == 0
     assert asked(attempt) == []
     html = member_client.get(reverse("job-detail", args=[attempt.job_id])).content.decode()
     assert "Checkpoints: none before the end" in html

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from hosts import selection
-from jobs import checkpoint_interval as ci
+from jobs.checkpoints import interval as ci
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 

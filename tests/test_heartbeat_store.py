@@ -7,8 +7,12 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from jobs.agent_services import Heartbeat
-from jobs.heartbeat_store import HEARTBEAT_ATTEMPT_FIELDS, load_for_heartbeat, store_heartbeat
+from jobs.agent_api.heartbeat_store import (
+    HEARTBEAT_ATTEMPT_FIELDS,
+    Heartbeat,
+    load_for_heartbeat,
+    store_heartbeat,
+)
 from jobs.models import Attempt
 from tests.factories import JobFactory, make_attempt
 

@@ -11,7 +11,8 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from jobs import checkpoints, lifecycle
+from jobs import lifecycle
+from jobs.checkpoints import records
 from jobs.models import Attempt, Checkpoint
 from nomadgpu.storage import LocalObjectStore, S3ObjectStore
 from tests.factories import JobFactory, TeamFactory, make_attempt
@@ -31,7 +32,7 @@ def uploading(attempt: Attempt, step: int, *, size: int = 4 * KIB) -> Checkpoint
         job_id=attempt.job_id,
         attempt=attempt,
         step=step,
-        key=checkpoints.checkpoint_key(attempt, step, encrypted=False),
+        key=records.checkpoint_key(attempt, step, encrypted=False),
         size=size,
     )
 
@@ -176,9 +177,9 @@ def test_closing_an_attempt_gives_up_its_uploads_and_deletes_what_landed(
     sent = [cb.args for cb in callbacks if getattr(cb, "args", None)]
     assert (lifecycle.DISCARD_UPLOADS_TASK, attempt.pk) in sent
 
-    deleted = checkpoints.discard_unfinished(attempt.pk)
+    deleted = records.discard_unfinished(attempt.pk)
 
-    manifests = [checkpoints.manifest_key(c) for c in (landed, parted)]
+    manifests = [records.manifest_key(c) for c in (landed, parted)]
     assert sorted(deleted) == sorted([landed.key, parted.key, *manifests])
     assert s3.head(landed.key) is None
     assert multipart_uploads(s3) == []
@@ -193,12 +194,12 @@ def test_the_sweep_deletes_a_put_that_landed_after_the_close(s3):
     late = uploading(attempt, 50)
     url = s3.presign_put(late.key)
     close(attempt)
-    checkpoints.discard_unfinished(attempt.pk)
+    records.discard_unfinished(attempt.pk)
     # The thawed host's PUT: S3 checks only the signature, which is valid for an hour.
     assert httpx.put(url, content=b"w" * KIB).status_code == 200
     assert s3.head(late.key) is not None
 
-    assert checkpoints.sweep_late_uploads(now=timezone.now()) == 1
+    assert records.sweep_late_uploads(now=timezone.now()) == 1
 
     assert s3.head(late.key) is None
 
@@ -208,10 +209,10 @@ def test_the_sweep_leaves_attempts_whose_urls_have_long_expired(s3):
     attempt = live_attempt()
     uploading(attempt, 50)
     close(attempt)
-    long_ago = timezone.now() - checkpoints.late_write_window() - timedelta(minutes=1)
+    long_ago = timezone.now() - records.late_write_window() - timedelta(minutes=1)
     Attempt.objects.filter(pk=attempt.pk).update(ended_at=long_ago)
 
-    assert checkpoints.sweep_late_uploads(now=timezone.now()) == 0
+    assert records.sweep_late_uploads(now=timezone.now()) == 0
 
 
 @pytest.mark.django_db
@@ -220,8 +221,8 @@ def test_a_live_attempts_uploads_are_never_discarded(s3):
     checkpoint = uploading(attempt, 50)
     s3.put_bytes(checkpoint.key, b"w" * KIB)
 
-    assert checkpoints.discard_unfinished(attempt.pk) == []
-    assert checkpoints.sweep_late_uploads(now=timezone.now()) == 0
+    assert records.discard_unfinished(attempt.pk) == []
+    assert records.sweep_late_uploads(now=timezone.now()) == 0
     assert s3.head(checkpoint.key) is not None
 
 
@@ -234,12 +235,10 @@ def test_a_complete_that_loses_the_race_with_the_close_is_refused_and_leaves_no_
     s3.put_bytes(checkpoint.key, b"w" * KIB)
     Checkpoint.objects.filter(pk=checkpoint.pk).update(state="failed")  # the discard's first step
 
-    with pytest.raises(checkpoints.CheckpointRefused, match="ended before it completed"):
-        checkpoints.complete_upload(
-            checkpoint, size=KIB, sha256="0" * 64, parts=[], now=timezone.now()
-        )
+    with pytest.raises(records.CheckpointRefused, match="ended before it completed"):
+        records.complete_upload(checkpoint, size=KIB, sha256="0" * 64, parts=[], now=timezone.now())
 
-    assert s3.head(checkpoints.manifest_key(checkpoint)) is None
+    assert s3.head(records.manifest_key(checkpoint)) is None
     checkpoint.refresh_from_db()
     assert checkpoint.state == "failed"
 
@@ -249,12 +248,12 @@ def test_a_ready_checkpoint_of_a_closed_attempt_keeps_its_object_and_manifest(s3
     attempt = live_attempt()
     checkpoint = uploading(attempt, 50, size=KIB)
     s3.put_bytes(checkpoint.key, b"w" * KIB)
-    checkpoints.complete_upload(checkpoint, size=KIB, sha256="a" * 64, parts=[], now=timezone.now())
+    records.complete_upload(checkpoint, size=KIB, sha256="a" * 64, parts=[], now=timezone.now())
     close(attempt)
 
-    assert checkpoints.discard_unfinished(attempt.pk) == []
+    assert records.discard_unfinished(attempt.pk) == []
     assert s3.head(checkpoint.key) is not None
-    assert s3.head(checkpoints.manifest_key(checkpoint)) is not None
+    assert s3.head(records.manifest_key(checkpoint)) is not None
 
 
 @pytest.mark.django_db
@@ -273,6 +272,6 @@ def test_the_sweep_goes_over_each_attempt_once_and_past_a_broken_bucket(s3):
     close(broken)
     close(sound)
 
-    assert checkpoints.sweep_late_uploads(now=timezone.now()) == 2
+    assert records.sweep_late_uploads(now=timezone.now()) == 2
 
     assert s3.list_keys(sound.storage_prefix) == []

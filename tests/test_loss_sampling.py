@@ -7,7 +7,8 @@ import itertools
 import pytest
 from django.utils import timezone
 
-from jobs.agent_services import Heartbeat, record_heartbeat
+from jobs.agent_api.heartbeat import record_heartbeat
+from jobs.agent_api.heartbeat_store import Heartbeat
 from jobs.models import Attempt, LossPoint, loss_sample_every
 from tests.factories import JobFactory, make_attempt
 

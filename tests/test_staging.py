@@ -13,9 +13,10 @@ import sys
 import pytest
 from django.utils import timezone
 
-from jobs import spec, staging
+from jobs import spec
 from jobs.models import Attempt, Job, JobEvent, JobState, StagedObject
 from jobs.renting import terms
+from jobs.staging import stage
 from nomadgpu.models import TeamSecret
 from nomadgpu.storage import object_store
 from tests import hub_fake
@@ -153,7 +154,7 @@ def test_the_worker_mirrors_a_repo_into_storage_before_the_job_s_first_rent(
     kinds = list(JobEvent.objects.filter(job=job).values_list("kind", flat=True))
     assert kinds.index("staged") < kinds.index("renting")
     assert (
-        staging.progress(job)["text"]
+        stage.progress(job)["text"]
         == f"staged: 3 of 3 files, {obj.bytes_total / 1e9:.2f} of {obj.bytes_total / 1e9:.2f} GB"
     )
     # The staged bytes are the cost model's model download, in place of the typed 0.
@@ -264,7 +265,7 @@ def staged_job(encrypted: bool, command: str, *more: dict) -> Job:
         data_key=new_data_key() if encrypted else "",
         heartbeat_interval_s=1,
     )
-    assert staging.stage_job(job.pk, now=now()) == "ready"
+    assert stage.stage_job(job.pk, now=now()) == "ready"
     # The rent planned after staging is this test's own host instead.
     Attempt.objects.filter(job=job).delete()
     Job.objects.filter(pk=job.pk).update(state=JobState.QUEUED)

@@ -46,9 +46,9 @@ def bearer(user) -> dict[str, str]:
 
 def ready_pack(team, data: bytes, *, encrypted: bool = False) -> WorkdirPack:
     """A ready plain pack row whose object is stored (through the server's own code)."""
-    from jobs import workdirs
+    from jobs.code import packs
 
-    return workdirs.store_pack(
+    return packs.store_pack(
         team=team, sha256=sha256(data), size=len(data), source=io.BytesIO(data), encrypted=encrypted
     )
 

@@ -30,8 +30,9 @@ from hosts.vast import (
     VastClient,
     VastError,
 )
-from jobs import attention, job_secrets, lifecycle
+from jobs import attention, lifecycle
 from jobs.bootstrap import render_bootstrap
+from jobs.code import job_secrets
 from jobs.models import Attempt, AttemptState, Job
 from jobs.renting import claims, image_cache, measures, shape_history
 from jobs.renting.interruption_rates import preemption_rates

@@ -18,10 +18,10 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from hosts import selection
-from jobs import staging
 from jobs.models import Checkpoint, Job
 from jobs.renting import corrections, measures, shape_history
 from jobs.spec import ProfileSpec, RequirementsSpec
+from jobs.staging import stage
 from jobs.stored_spec import validated_section
 
 
@@ -61,7 +61,7 @@ def with_staged(
     """PROFILE with JOB's staged files (once mirrored) as its model download, in place of the
     typed ``model_gb``: the agent fetches them on every host. What the command itself still
     downloads (measured, which leaves out the agent's own bytes) comes on top."""
-    staged = staging.staged_gb(job)
+    staged = stage.staged_gb(job)
     if staged is None:
         return profile
     own = history.download.value if history.download is not None else 0.0

@@ -28,9 +28,11 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db.models import F
 
-from jobs import attention, auto_checkpoint, lifecycle, staging
+from jobs import attention, lifecycle
+from jobs.checkpoints import requests
 from jobs.lifecycle import Loss
 from jobs.models import LIVE_ATTEMPT_STATES, Attempt, AttemptState, Job
+from jobs.staging import stage
 from jobs.watchdog.adopt import settle_unsent_claims
 from jobs.watchdog.contracts import move_off_expiring_contracts
 from jobs.watchdog.deadlines import find_due_losses
@@ -77,12 +79,12 @@ def tick(*, now: datetime, poll_provider: bool | None = None) -> dict:
     report = {
         "settled": settled,
         # Jobs with `checkpoint = "auto"`: one query when there are none.
-        "checkpoints_asked": auto_checkpoint.ask_due_checkpoints(now),
+        "checkpoints_asked": requests.ask_due_checkpoints(now),
         "moved": moved,
         "lost": sum(bool(x) for x in lost),
         "planned": sum(p is not None for p in planned),
         "nudged": nudge_planned(now),
-        "staging_nudged": staging.nudge_staging(now),
+        "staging_nudged": stage.nudge_staging(now),
         "held": evidence.outage_open,
     }
     report["failed"] = attention.record_pass(now=now)

@@ -26,7 +26,7 @@ LOG_TAIL_LIMIT = 8 * 1024
 GPU_ERROR_LIMIT = 300  # Attempt.gpu_error's max_length
 _GPUS_FIELD = Attempt._meta.get_field("gpus")
 
-# What a heartbeat reads: its checks and answer (``agent_services.record_heartbeat``), the stall
+# What a heartbeat reads: its checks and answer (``heartbeat.record_heartbeat``), the stall
 # rule, marking the attempt running and the loss sampling. Other fields load on first use, one
 # query each.
 HEARTBEAT_ATTEMPT_FIELDS = frozenset(
@@ -38,7 +38,7 @@ HEARTBEAT_JOB_FIELDS = frozenset({"id", "heartbeat_interval_s", "stall_timeout_s
 
 @dataclass(frozen=True)
 class Heartbeat:
-    """One beat as the agent reported it (``agent_api.HeartbeatIn``, its GPU health flattened)."""
+    """One beat as the agent reported it (``api.HeartbeatIn``, its GPU health flattened)."""
 
     seq: int
     phase: str
@@ -53,7 +53,7 @@ class Heartbeat:
     log_tail: str
     net_rx_bytes: int | None = None  # None: not reported (an older agent); the stored value stays
     net_tx_bytes: int | None = None
-    # Per GPU (agent_api.GpuIn), as stored.
+    # Per GPU (api.GpuIn), as stored.
     gpus: list[dict] = dataclasses.field(default_factory=list)
 
 

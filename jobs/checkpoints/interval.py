@@ -27,7 +27,7 @@ work per interruption (half an interval on average). The interval minimises the 
 - The interval is clamped: at least ``MIN_INTERVAL_S`` and ``MIN_HEARTBEATS`` heartbeats (a
   request travels on a heartbeat's answer), at most ``MAX_INTERVAL_S``.
 
-``jobs.auto_checkpoint`` applies this in the watchdog's tick; ``bench/checkpoint_interval.py``
+``jobs.checkpoints.requests`` applies this in the watchdog's tick; ``bench/checkpoint_interval.py``
 simulates it. Nothing here imports Django.
 """
 

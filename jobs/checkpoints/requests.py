@@ -1,12 +1,12 @@
 """The supervisor's checkpoint requests for jobs with ``checkpoint = "auto"`` (Young/Daly).
 
 The watchdog's tick calls ``ask_due_checkpoints``: for each running attempt of such a job it
-works out the interval (``checkpoint_interval.choose_interval`` on the host's failure rate and
+works out the interval (``interval.choose_interval`` on the host's failure rate and
 the job's measured uploads) and, once that long has passed since the attempt's newest ready
 checkpoint (or its start), has the next heartbeat answer ``checkpoint_now``
 (``lifecycle.request_checkpoint``) and writes one ``checkpoint_asked`` event with the interval
 and why. A request left unanswered (no checkpoint announced within
-``checkpoint_interval.ignored_after_s``) writes one ``checkpoint_ignored`` event and the job is
+``interval.ignored_after_s``) writes one ``checkpoint_ignored`` event and the job is
 not asked again: the script keeps its own interval. That is per job, not per attempt, since
 whether a script handles the request is the script's doing, not the host's.
 
@@ -23,7 +23,7 @@ from hosts import selection
 from hosts.models import Machine
 from hosts.selection import BYTES_PER_GB
 from jobs import attention, lifecycle
-from jobs import checkpoint_interval as ci
+from jobs.checkpoints import interval as ci
 from jobs.models import Attempt, AttemptState, Checkpoint, CheckpointState, Job, JobEvent
 from jobs.rent_decision import RentDecision
 from jobs.renting import interruption_rates
@@ -130,7 +130,7 @@ def interval_for(
     attempt: Attempt, *, rates: selection.PreemptionRates, now: datetime
 ) -> ci.IntervalChoice:
     """The checkpoint interval for ATTEMPT: its host's failure rate, what an upload costs on
-    that host, and the training it has left (``checkpoint_interval.choose_interval``)."""
+    that host, and the training it has left (``interval.choose_interval``)."""
     rate, source = failure_rate(attempt, rates=rates, now=now)
     delta, delta_source = upload_cost_s(attempt)
     return ci.choose_interval(
@@ -144,7 +144,7 @@ def interval_for(
 
 
 def upload_cost_s(attempt: Attempt) -> tuple[float, str]:
-    """δ for ATTEMPT (``checkpoint_interval.checkpoint_cost_s``): its own uploads, else the
+    """δ for ATTEMPT (``interval.checkpoint_cost_s``): its own uploads, else the
     size of the job's newest checkpoint (the spec's ``checkpoint_gb`` before any) over the
     host's advertised upload speed, else the job's uploads on earlier hosts."""
     job_checkpoints = Checkpoint.objects.filter(job_id=attempt.job_id)
@@ -182,7 +182,7 @@ def remaining_training_s(attempt: Attempt) -> float | None:
 def failure_rate(
     attempt: Attempt, *, rates: selection.PreemptionRates, now: datetime
 ) -> tuple[float, str]:
-    """λ per hour for ATTEMPT's host (``checkpoint_interval.failure_rate_per_h``)."""
+    """λ per hour for ATTEMPT's host (``interval.failure_rate_per_h``)."""
     kind = attempt.rental or selection.ON_DEMAND
     rental_rate, source = rates.rate(kind, attempt.gpu_name, attempt.bid_margin or 0.0)
     host_rate, _ = rates.rate(selection.ON_DEMAND, attempt.gpu_name)

@@ -17,7 +17,15 @@ from ninja.errors import AuthenticationError, HttpError
 from ninja.security import HttpBearer
 from pydantic import BaseModel
 
-from jobs import agent_services, bootstrap, checkpoints, workdirs
+from jobs import bootstrap
+from jobs.agent_api import auth
+from jobs.agent_api.exit import record_exit
+from jobs.agent_api.heartbeat import MAX_GPUS, record_heartbeat
+from jobs.agent_api.heartbeat_store import Heartbeat
+from jobs.agent_api.phases import PHASE_AGE_LIMIT_S, record_phases
+from jobs.agent_api.register import fail_without_code, register_agent
+from jobs.checkpoints import records
+from jobs.code import packs
 from jobs.models import Attempt, Checkpoint
 
 
@@ -27,12 +35,12 @@ def token_answers():
     off and retry) while the rent is not recorded yet, 410 (stop: fencing) once it has ended."""
     try:
         yield
-    except agent_services.TokenUnknown as exc:
+    except auth.TokenUnknown as exc:
         raise AuthenticationError from exc
-    except agent_services.AttemptNotRentedYet as exc:
+    except auth.AttemptNotRentedYet as exc:
         # 503 is "supervisor unavailable" to the agent: it backs off and tries again.
         raise HttpError(503, "this attempt is not recorded as rented yet; retry soon") from exc
-    except agent_services.TokenDead as exc:
+    except auth.TokenDead as exc:
         raise HttpError(410, f"this attempt has ended ({exc}); stop training and exit") from exc
 
 
@@ -46,7 +54,7 @@ class AgentToken(HttpBearer):
 
     def authenticate(self, request: HttpRequest, token: str) -> Attempt:
         with token_answers():
-            return agent_services.authenticate_agent(token, for_heartbeat=self.for_heartbeat)
+            return auth.authenticate_agent(token, for_heartbeat=self.for_heartbeat)
 
 
 router = Router(auth=AgentToken(), tags=["agent"])
@@ -72,7 +80,7 @@ class PhasesIn(BaseModel):
         return {
             name: age
             for name, age in self.model_dump().items()
-            if age is not None and 0 <= age <= agent_services.PHASE_AGE_LIMIT_S
+            if age is not None and 0 <= age <= PHASE_AGE_LIMIT_S
         }
 
 
@@ -104,7 +112,7 @@ class GpuHealthIn(BaseModel):
     ok: bool
     error: str | None = Field(None, max_length=2000)
     # Per GPU; an older agent sends none. More than a host can have is refused (422).
-    gpus: list[GpuIn] = Field(default_factory=list, max_length=agent_services.MAX_GPUS)
+    gpus: list[GpuIn] = Field(default_factory=list, max_length=MAX_GPUS)
 
 
 class HeartbeatIn(BaseModel):
@@ -137,14 +145,14 @@ class CheckpointIn(Schema):
 
 
 class PartIn(Schema):
-    part_number: int = Field(..., ge=1, le=checkpoints.MAX_PARTS)
+    part_number: int = Field(..., ge=1, le=records.MAX_PARTS)
     etag: str = Field(..., max_length=200)
 
 
 class CompleteIn(Schema):
     size: int = Field(..., gt=0)
     sha256: str = Field(..., pattern=r"^[0-9a-f]{64}$")
-    parts: list[PartIn] = Field(default_factory=list, max_length=checkpoints.MAX_PARTS)
+    parts: list[PartIn] = Field(default_factory=list, max_length=records.MAX_PARTS)
 
 
 class ExitIn(Schema):
@@ -161,25 +169,25 @@ def register(request: HttpRequest, payload: RegisterIn) -> dict:
     phases = payload.phases.ages() if payload.phases else {}
     now = timezone.now()
     try:
-        return agent_services.register_agent(request.auth, now=now, phases=phases)
-    except workdirs.PackUnavailable as exc:
+        return register_agent(request.auth, now=now, phases=phases)
+    except packs.PackUnavailable as exc:
         # No host can run it: the job fails, its machine is released, and the agent stops.
-        agent_services.fail_without_code(request.auth, why=str(exc), now=now)
+        fail_without_code(request.auth, why=str(exc), now=now)
         raise HttpError(410, f"{exc}; this attempt has ended: stop") from exc
 
 
 @router.post("/heartbeat", response=HeartbeatOut, auth=AgentToken(for_heartbeat=True))
 def heartbeat(request: HttpRequest, payload: HeartbeatIn) -> dict:
     gpu, now = payload.gpu, timezone.now()
-    beat = agent_services.Heartbeat(
+    beat = Heartbeat(
         **payload.model_dump(exclude={"gpu", "phases"}),
         gpu_ok=gpu.ok,
         gpu_error=gpu.error or "",
         gpus=[g.model_dump() for g in gpu.gpus],
     )
     if payload.phases is not None:
-        agent_services.record_phases(request.auth.pk, payload.phases.ages(), now=now)
-    return agent_services.record_heartbeat(request.auth, beat, now=now)
+        record_phases(request.auth.pk, payload.phases.ages(), now=now)
+    return record_heartbeat(request.auth, beat, now=now)
 
 
 @router.post("/checkpoints")
@@ -189,10 +197,10 @@ def create_checkpoint(request: HttpRequest, payload: CheckpointIn) -> dict:
         wanted = "encrypted" if attempt.job.encrypt_checkpoints else "plain"
         raise HttpError(409, f"this job stores {wanted} checkpoints")
     try:
-        plan = checkpoints.plan_upload(
+        plan = records.plan_upload(
             attempt, step=payload.step, size=payload.size, encrypted=payload.encrypted
         )
-    except checkpoints.CheckpointRefused as exc:
+    except records.CheckpointRefused as exc:
         raise HttpError(409, str(exc)) from exc
     return {"checkpoint_id": plan.checkpoint.pk, "upload": plan.upload}
 
@@ -204,22 +212,22 @@ def complete_checkpoint(request: HttpRequest, checkpoint_id: int, payload: Compl
     if checkpoint is None:
         raise HttpError(404, f"no checkpoint {checkpoint_id} in this attempt")
     try:
-        done = checkpoints.complete_upload(
+        done = records.complete_upload(
             checkpoint,
             size=payload.size,
             sha256=payload.sha256,
             parts=[(p.part_number, p.etag) for p in payload.parts],
             now=timezone.now(),
         )
-    except checkpoints.CheckpointRefused as exc:
+    except records.CheckpointRefused as exc:
         raise HttpError(409, str(exc)) from exc
-    checkpoints.prune_old(attempt.job_id, keep_last=attempt.job.keep_last)
+    records.prune_old(attempt.job_id, keep_last=attempt.job.keep_last)
     return {"ready": True, "step": done.step}
 
 
 @router.post("/exit")
 def report_exit(request: HttpRequest, payload: ExitIn) -> dict:
-    agent_services.record_exit(
+    record_exit(
         request.auth,
         exit_code=payload.exit_code,
         reason=payload.reason,

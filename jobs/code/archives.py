@@ -22,7 +22,7 @@ from typing import BinaryIO
 
 from django.conf import settings
 
-from jobs import workdirs
+from jobs.code import packs
 from nomadgpu.storage import READ_CHUNK
 
 # A .zip's entries may declare at most this many times the cap in all: a zip bomb must not
@@ -57,7 +57,7 @@ def prepare_archive(name: str, source: BinaryIO) -> PreparedPack:
         pack = _hashed(zip_to_tar_gz(source))
     else:
         raise ArchiveRefused(f"{name!r}: upload a .tar.gz, .tgz or .zip of your code folder")
-    if why := workdirs.size_refusal(pack.size):
+    if why := packs.size_refusal(pack.size):
         raise ArchiveRefused(why)
     return pack
 
@@ -118,9 +118,9 @@ def _checked_entries(archive: zipfile.ZipFile) -> list[zipfile.ZipInfo]:
     if not any(not info.is_dir() for info in entries):
         raise ArchiveRefused("the archive holds no file")
     declared = sum(info.file_size for info in entries)
-    if declared > UNPACKED_FACTOR * workdirs.max_bytes():
+    if declared > UNPACKED_FACTOR * packs.max_bytes():
         raise ArchiveRefused(
-            f"the archive unpacks to {declared // workdirs.MB} MB, more than "
+            f"the archive unpacks to {declared // packs.MB} MB, more than "
             f"{UNPACKED_FACTOR} times the {settings.WORKDIR_MAX_MB} MB limit (WORKDIR_MAX_MB)"
         )
     for info in entries:

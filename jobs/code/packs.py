@@ -1,5 +1,5 @@
-"""A job's own code (``workdir``): packs stored once by content in the team's storage, git
-refs resolved at submit, and what an agent is told at register.
+"""Code packs: a job's own code (``workdir``) stored once by content in the team's storage,
+and the local store's guard over their objects (``write_refusal``).
 
 A pack is a gzipped tar of the code folder, named by the sha256 of its bytes, so unchanged
 code is never uploaded twice (``request_upload`` answers "ready"). A plain pack goes straight
@@ -26,10 +26,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from agent.ckptcrypto import EncryptingWriter
-from jobs import git_refs
-from jobs.models import Job, WorkdirPack, WorkdirPackState
+from jobs.models import WorkdirPack, WorkdirPackState
 from nomadgpu.crypto import new_data_key
-from nomadgpu.models import TeamSecret
 from nomadgpu.storage import READ_CHUNK, object_store
 
 MB = 1024 * 1024
@@ -304,117 +302,3 @@ def write_refusal(key: str) -> str | None:
     if state != UPLOADING:
         return f"this code pack is {state}: its object can no longer be written"
     return None
-
-
-# --- Submit ---------------------------------------------------------------------------------
-
-
-def stored_workdir(spec, *, team, encrypted: bool) -> dict:
-    """What a job's ``workdir`` column holds for SPEC (a ``jobs.spec`` workdir or None):
-    ``{}``, the archive (a READY pack of TEAM, encrypted iff ENCRYPTED) or the git repository
-    with its ref resolved to a commit. Raises WorkdirRefused naming what is wrong. Calls git
-    for a git workdir: never inside a transaction."""
-    if spec is None:
-        return {}
-    if spec.kind == "archive":
-        check_ready_pack(team=team, sha256=spec.sha256, encrypted=encrypted)
-        return {"kind": "archive", "sha256": spec.sha256}
-    ssh_key = deploy_key(team, spec.deploy_key_secret)
-    try:
-        commit = git_refs.resolve_ref(spec.url, spec.ref, ssh_key=ssh_key)
-    except git_refs.GitRefError as exc:
-        raise WorkdirRefused(str(exc), about=exc.about) from None
-    return {
-        "kind": "git",
-        "url": spec.url,
-        "ref": spec.ref,
-        "commit": commit,
-        "deploy_key_secret": spec.deploy_key_secret,
-    }
-
-
-def check_ready_pack(*, team, sha256: str, encrypted: bool) -> None:
-    """Refuse (WorkdirRefused) unless TEAM has the READY pack SHA256 stored as ENCRYPTED says."""
-    packs = {p.encrypted: p for p in WorkdirPack.objects.filter(team=team, sha256=sha256)}
-    pack, other = packs.get(encrypted), packs.get(not encrypted)
-    if pack is not None and pack.state == READY:
-        return
-    if pack is not None:
-        why = f"code pack {short(sha256)} has not finished uploading"
-    elif other is not None:
-        stored, wanted = ("plain", "encrypted") if encrypted else ("encrypted", "plain")
-        why = (
-            f"code pack {short(sha256)} is stored {stored}, and this job needs it {wanted} "
-            f"(encrypt_checkpoints is {'on' if encrypted else 'off'})"
-        )
-    else:
-        why = f"team {team.slug} has no code pack {short(sha256)}"
-    raise WorkdirRefused(f"{why}: upload the code first", about="sha256")
-
-
-def deploy_key(team, name: str) -> str | None:
-    """The value of TEAM's secret NAME (a deploy key), None when no name is given; refuses a
-    name the team does not have."""
-    if not name:
-        return None
-    secret = TeamSecret.objects.filter(team=team, name=name).first()
-    if secret is None:
-        raise WorkdirRefused(
-            f"the team has no secret named {name!r}: add it on the Team page or in the admin",
-            about="deploy_key_secret",
-        )
-    return secret.value
-
-
-# --- Register -------------------------------------------------------------------------------
-
-
-def agent_workdir(job: Job) -> dict | None:
-    """The ``workdir`` of JOB's register reply: None, the archive to download (a presigned GET
-    of the stored object, its stored size and sha256, and the key to decrypt it) or the git
-    commit to check out (with the deploy key's value, or null). Packs are looked up in the
-    job's own team only. Raises PackUnavailable when the job's pack is no longer recorded."""
-    workdir = job.workdir or {}
-    if workdir.get("kind") == "archive":
-        return _archive_for_agent(job, workdir["sha256"])
-    if workdir.get("kind") == "git":
-        return {
-            "kind": "git",
-            "url": workdir["url"],
-            "commit": workdir["commit"],
-            "ssh_key": _secret_value(job.team_id, workdir.get("deploy_key_secret") or ""),
-        }
-    return None
-
-
-def _secret_value(team_id: int, name: str) -> str | None:
-    # A secret removed since the submit gives no key: the clone then fails on the host, the
-    # job's own error (setup_failed), which names the repository.
-    secret = TeamSecret.objects.filter(team_id=team_id, name=name).first() if name else None
-    return secret.value if secret is not None else None
-
-
-def _archive_for_agent(job: Job, sha256: str) -> dict:
-    packs = WorkdirPack.objects.select_related("team").filter(
-        team_id=job.team_id, sha256=sha256, state=READY
-    )
-    # The one stored as the job encrypts (submit insists on it); should the job's setting
-    # have been edited since, the other one holds the same code and says how to read it.
-    pack = min(packs, key=lambda p: p.encrypted != job.encrypt_checkpoints, default=None)
-    if pack is None:
-        raise PackUnavailable(
-            f"the job's code pack {short(sha256)} is no longer stored for its team"
-        )
-    store = object_store(pack.team)
-    if store.head(pack.key) is None:  # one HEAD per register: a host must not fetch nothing
-        raise PackUnavailable(f"the job's code pack {short(sha256)} is gone from storage")
-    return {
-        "kind": "archive",
-        "object": {
-            "url": store.presign_get(pack.key),
-            "size": pack.stored_size,
-            "sha256": pack.stored_sha256,
-        },
-        "encrypted": pack.encrypted,
-        "data_key_b64": pack.data_key if pack.encrypted else None,
-    }

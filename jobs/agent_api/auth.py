@@ -1,0 +1,56 @@
+"""Who is speaking: the live attempt holding an agent's bearer token (``nomadgpu.tokens``), or
+why there is none, which the API answers 401 (unknown), 503 (not recorded as rented yet) or 410
+(ended: the agent must stop, fencing).
+"""
+
+from __future__ import annotations
+
+from jobs.agent_api import heartbeat_store
+from jobs.models import ON_HOST_STATES, Attempt, AttemptState
+from nomadgpu.tokens import token_matches, token_prefix
+
+# Every agent call authenticates, so the lookup leaves out what most calls never read: the
+# team (its sealed secrets cost a decryption each) loads on first use, and so does the job's
+# sealed data key (register only). A heartbeat reads even less (``heartbeat_store``).
+AUTH_DEFERRED = ("log_tail", "decision", "job__data_key")
+
+
+class TokenUnknown(Exception):
+    """No attempt holds this token."""
+
+
+class TokenDead(Exception):
+    """The attempt behind this token has ended: the agent must stop (fencing)."""
+
+
+class AttemptNotRentedYet(Exception):
+    """The agent's instance exists but the supervisor has not recorded it: the create's answer
+    was lost and the reconciler adopts the instance by its label shortly. The agent must wait,
+    not stop: stopping would leave the adopted host without an agent."""
+
+
+def authenticate_agent(token: str, *, for_heartbeat: bool = False) -> Attempt:
+    """The live attempt holding TOKEN; raises TokenUnknown, AttemptNotRentedYet or TokenDead.
+
+    Loaded: everything but ``AUTH_DEFERRED``, or with FOR_HEARTBEAT only what a heartbeat
+    reads (``heartbeat_store.load_for_heartbeat``). Other fields load on first use, one query
+    each."""
+    prefix = token_prefix(token)
+    if for_heartbeat:
+        attempt = heartbeat_store.load_for_heartbeat(prefix)
+    else:
+        attempts = Attempt.objects.select_related("job").defer(*AUTH_DEFERRED)
+        attempt = attempts.filter(token_prefix=prefix).order_by().first()
+    return _token_checked(attempt, token)
+
+
+def _token_checked(attempt: Attempt | None, token: str) -> Attempt:
+    """ATTEMPT if TOKEN is its token and it is live; raises TokenUnknown, AttemptNotRentedYet or
+    TokenDead otherwise (what the agent API answers 401, 503 and 410)."""
+    if attempt is None or not token_matches(token, attempt.token_digest):
+        raise TokenUnknown
+    if attempt.state == AttemptState.REQUESTED:
+        raise AttemptNotRentedYet
+    if attempt.state not in ON_HOST_STATES:
+        raise TokenDead(attempt.end_reason or attempt.state)
+    return attempt
