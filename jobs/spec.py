@@ -15,14 +15,10 @@ schemas too, so a key a job leaves out means the same at submit, at rent and in 
 from __future__ import annotations
 
 import re
-import shlex
-import sys
-import tomllib
 from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from django.conf import settings
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -43,11 +39,13 @@ from jobs.code import job_secrets, submit
 from jobs.code.job_secrets import MissingSecret
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
 # The agent owns these: a job may not point its own agent elsewhere or change its token.
 RESERVED_ENV_PREFIXES = ("NOMAD_",)
 
+
 __all__ = [
-    "JOB_TEMPLATES",
     "EnvVars",
     "JobSpec",
     "MissingSecret",
@@ -59,7 +57,6 @@ __all__ = [
     "check_team_refs",
     "error_messages",
     "submit_spec",
-    "template_spec",
 ]
 
 
@@ -89,6 +86,8 @@ def _secret_names(names: list[str]) -> list[str]:
 # Team secret names (``nomadgpu.models.TeamSecret``): each becomes a variable of the command's
 # environment, so the same rules as ``env``; whether the team has them is checked at submit.
 SecretName = Annotated[str, Field(min_length=1, max_length=64)]
+
+
 SecretNames = Annotated[list[SecretName], Field(max_length=50), AfterValidator(_secret_names)]
 
 
@@ -163,6 +162,7 @@ class GitWorkdirSpec(_Strict):
 
 WorkdirSpec = Annotated[ArchiveWorkdirSpec | GitWorkdirSpec, Field(discriminator="kind")]
 
+
 # A Hugging Face repo id: ORG/NAME, each part as the Hub allows (letters, digits, "-_.").
 HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 
@@ -231,7 +231,11 @@ StageEntry = Annotated[
         custom_error_message="a stage entry has either hf (a repo id) or url (with path)",
     ),
 ]
+
+
 StageEntries = Annotated[list[StageEntry], Field(max_length=20), AfterValidator(_distinct_stage)]
+
+
 # Fields a job stores only as submit resolves them (a git ref becomes its commit): not in
 # ``job_fields``, and not edited through the spec afterwards (the Job admin shows them).
 RESOLVED_AT_SUBMIT = frozenset({"workdir"})
@@ -329,85 +333,3 @@ def submit_spec(spec: JobSpec, *, team, created_by, now: datetime):
     workdir = submit.stored_workdir(spec.workdir, team=team, encrypted=spec.encrypt_checkpoints)
     fields = {**spec.job_fields(), "workdir": workdir}
     return lifecycle.submit_job(team=team, created_by=created_by, now=now, **fields)
-
-
-def _toy_template() -> dict[str, Any]:
-    # The sandbox runs a command on this machine, so the toy uses this interpreter and checkout.
-    return {
-        "name": "toy",
-        "image": "pytorch/pytorch:2.4.0-cuda12.4-cudnn9-runtime",
-        "command": f"{sys.executable} {settings.BASE_DIR / 'examples' / 'toy' / 'train.py'}",
-        "env": {"TOY_STEPS": "300", "TOY_CHECKPOINT_EVERY": "50", "TOY_STEP_SECONDS": "0.2"},
-        "total_steps": 300,
-        "heartbeat_interval_s": 5,
-        "requirements": {"gpu_names": ["RTX 4090"], "disk_gb": 20.0},
-        "profile": {"image_gb": 3.0, "model_gb": 0.0, "upload_gb": 0.01},
-    }
-
-
-def _qlora_tiny_template() -> dict[str, Any]:
-    # examples/qlora/train.py --tiny: a random two-layer Qwen2 + LoRA on the CPU, nothing
-    # downloaded. Like the toy it runs with this interpreter and checkout (sandbox instances are
-    # processes on this machine); its setup installs the HF packages only where they are missing.
-    python = shlex.quote(sys.executable)
-    train = shlex.quote(str(settings.BASE_DIR / "examples" / "qlora" / "train.py"))
-    packages = shlex.quote(str(settings.BASE_DIR / "requirements-hf.txt"))
-    return {
-        "name": "qlora-tiny",
-        "image": "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime",  # what a real host would pull
-        "setup": f'{python} -c "import torch, transformers, peft, accelerate" 2>/dev/null'
-        f" || {python} -m pip install -r {packages}",
-        "command": f"{python} {train} --tiny",
-        "env": {
-            "QLORA_SAVE_STEPS": "25",
-            "QLORA_BATCH_SIZE": "2",
-            "QLORA_GRAD_ACCUM": "1",
-            # 300 steps take 2 s on the CPU: paced to a minute, so that a drill lands mid-run.
-            "QLORA_STEP_SECONDS": "0.2",
-            "OMP_NUM_THREADS": "1",  # the sandbox shares this machine's cores with the portal
-            "HF_HUB_OFFLINE": "1",
-        },
-        "total_steps": 300,
-        "heartbeat_interval_s": 5,
-        "requirements": {"gpu_names": ["RTX 4090"], "disk_gb": 20.0},
-        "profile": {"image_gb": 3.0, "model_gb": 0.0, "upload_gb": 0.01},
-    }
-
-
-# The real job needs its code and a CUDA GPU. The portal cannot read a folder on the submitter's
-# disk (job.toml's `workdir = "."` is for the CLI), so the code is attached in the form; without
-# it, or on a host without a GPU (the sandbox), setup stops at once saying so, before any install.
-_QLORA_NEEDS = (
-    'test -f train.py || { echo "no train.py here: attach the examples/qlora folder as the'
-    " job's code (nomadgpu submit examples/qlora/job.toml does it)\" >&2; exit 2; }\n"
-    'python -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null'
-    ' || { echo "no CUDA GPU visible to torch: this job needs a real GPU host;'
-    ' in the sandbox, use the qlora-tiny template" >&2; exit 2; }\n'
-)
-
-
-def _qlora_template() -> dict[str, Any]:
-    spec = tomllib.loads((settings.BASE_DIR / "examples" / "qlora" / "job.toml").read_text())
-    spec.pop("workdir", None)  # a folder on the submitter's disk: the CLI packs it
-    spec["setup"] = _QLORA_NEEDS + spec.get("setup", "")
-    return spec
-
-
-# Pre-filled specs for the portal's "start from" menu and `nomadgpu submit --template`.
-JOB_TEMPLATES = {
-    "toy": ("Toy trainer (CPU, runs in the sandbox in a minute)", _toy_template),
-    "qlora-tiny": (
-        "QLoRA, tiny: a random Qwen2 + LoRA on the CPU (runs in the sandbox in a minute)",
-        _qlora_tiny_template,
-    ),
-    "qlora": (
-        "Field report: QLoRA Qwen2.5-7B on one RTX 4090 (a real GPU on Vast; attach "
-        "examples/qlora as the job's code)",
-        _qlora_template,
-    ),
-}
-
-
-def template_spec(name: str) -> dict[str, Any]:
-    """The raw spec dict of template NAME (KeyError when unknown)."""
-    return JOB_TEMPLATES[name][1]()

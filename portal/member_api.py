@@ -26,8 +26,9 @@ from hosts.vast import VastError
 from jobs import anatomy, job_status, lifecycle
 from jobs.code import job_secrets, packs
 from jobs.drill import DrillError, destroy_running_host
+from jobs.job_templates import JOB_TEMPLATES, template_spec
 from jobs.models import Attempt, Job
-from jobs.spec import JOB_TEMPLATES, JobSpec, MissingSecret, submit_spec, template_spec
+from jobs.spec import JobSpec, MissingSecret, submit_spec
 from jobs.spending import BudgetExceeded
 from jobs.staging import stage
 from nomadgpu import api_tokens

@@ -23,8 +23,9 @@ from agent.ckptcrypto import DecryptingReader
 from jobs import lifecycle, rent_decision
 from jobs.checkpoints import requests
 from jobs.code import job_secrets, packs
+from jobs.job_templates import JOB_TEMPLATES, template_spec
 from jobs.models import Checkpoint, Job, JobState
-from jobs.spec import JOB_TEMPLATES, MissingSecret, submit_spec, template_spec
+from jobs.spec import MissingSecret, submit_spec
 from jobs.spending import BudgetExceeded
 from jobs.staging import stage
 from nomadgpu import humanize, team_secrets

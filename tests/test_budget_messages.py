@@ -13,8 +13,9 @@ from django.urls import reverse
 from billing import enforce
 from billing.models import LimitKind, TeamBudget
 from billing.services import LimitStatus
+from jobs.job_templates import template_spec
 from jobs.models import Job
-from jobs.spec import JobSpec, ValidationError, template_spec
+from jobs.spec import JobSpec, ValidationError
 from notify import messages
 from portal.forms import spec_to_initial
 from tests.factories import JobFactory, make_attempt

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.urls import reverse
 
-from jobs.spec import template_spec
+from jobs.job_templates import template_spec
 from portal.forms import spec_to_initial
 from tests.factories import JobFactory, make_attempt
 from tests.sandbox_support import DEFAULT_KEY

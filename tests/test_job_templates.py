@@ -1,4 +1,4 @@
-"""The ready-made jobs (``jobs.spec.JOB_TEMPLATES``, the portal's "start from" menu and
+"""The ready-made jobs (``jobs.job_templates.JOB_TEMPLATES``, the portal's "start from" menu and
 ``nomadgpu submit --template``) and ``examples/qlora/job.toml`` are jobs that can run: valid
 specs, and, for the ones the sandbox runs, a command that names a script of this checkout and
 this interpreter."""
@@ -16,8 +16,9 @@ import pytest
 from django.conf import settings
 from django.urls import reverse
 
+from jobs.job_templates import JOB_TEMPLATES, template_spec
 from jobs.models import Job
-from jobs.spec import JOB_TEMPLATES, JobSpec, template_spec
+from jobs.spec import JobSpec
 from nomadgpu_cli.pack import pack_folder
 from portal.forms import spec_to_initial
 

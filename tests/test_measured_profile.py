@@ -18,9 +18,10 @@ from billing.spend import job_spend
 from hosts import selection
 from hosts.vast import VastClient, parse_offer
 from jobs import lifecycle, rent_decision
+from jobs.job_templates import template_spec
 from jobs.models import Checkpoint, Job
 from jobs.renting import corrections, reference, rent, shape_history, terms
-from jobs.spec import JobSpec, ProfileSpec, RequirementsSpec, template_spec
+from jobs.spec import JobSpec, ProfileSpec, RequirementsSpec
 from jobs.spending import BudgetExceeded
 from portal.forms import spec_to_initial
 from tests.factories import JobFactory, make_attempt

@@ -12,8 +12,9 @@ from django.urls import reverse
 
 from hosts import selection
 from hosts.vast import VastClient
+from jobs.job_templates import template_spec
 from jobs.renting.terms import profile_from_spec, requirements_from_spec
-from jobs.spec import JobSpec, template_spec
+from jobs.spec import JobSpec
 from nomadgpu.humanize import money
 from portal import figures
 from portal.forms import spec_to_initial

@@ -13,8 +13,8 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
+from jobs.job_templates import template_spec
 from jobs.models import Checkpoint, Interruption, Job, JobEvent, LossPoint
-from jobs.spec import template_spec
 from nomadgpu.humanize import money
 from portal.forms import spec_to_initial
 from tests.factories import JobFactory, make_attempt

@@ -14,8 +14,8 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
 from agent.ckptcrypto import decrypt_stream
+from jobs.job_templates import template_spec
 from jobs.models import Job, WorkdirPack
-from jobs.spec import template_spec
 from nomadgpu.storage import object_store
 from portal.forms import spec_to_initial
 from tests.workdir_support import TRAIN_PY, bare_repository, sha256, tar_gz

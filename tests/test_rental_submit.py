@@ -8,8 +8,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from hosts.vast import VastClient
+from jobs.job_templates import template_spec
 from jobs.models import Job
-from jobs.spec import template_spec
 from nomadgpu import api_tokens
 from portal.forms import spec_to_initial
 

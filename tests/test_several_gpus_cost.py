@@ -13,9 +13,10 @@ from django.utils import timezone
 
 from hosts import selection
 from hosts.vast import Offer, VastClient
+from jobs.job_templates import template_spec
 from jobs.models import Job
 from jobs.renting import corrections, measures, reference, shape_history, terms
-from jobs.spec import JobSpec, template_spec
+from jobs.spec import JobSpec
 from nomadgpu import api_tokens
 from nomadgpu.humanize import instance_price
 from portal import figures

@@ -13,7 +13,7 @@ import sys
 import pytest
 from django.utils import timezone
 
-from jobs import spec
+from jobs import job_templates, spec
 from jobs.models import Attempt, Job, JobEvent, JobState, StagedObject
 from jobs.renting import terms
 from jobs.staging import stage
@@ -385,7 +385,7 @@ def test_the_watchdog_sends_a_lost_stage_task_again(
 def toy_form(**overrides):
     from portal.forms import spec_to_initial
 
-    data = {**spec_to_initial(spec.template_spec("toy")), "team": "team-a", **overrides}
+    data = {**spec_to_initial(job_templates.template_spec("toy")), "team": "team-a", **overrides}
     data["verified_only"] = "on"
     return data
 

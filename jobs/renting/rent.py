@@ -34,7 +34,7 @@ from jobs import attention, lifecycle
 from jobs.bootstrap import render_bootstrap
 from jobs.code import job_secrets
 from jobs.models import Attempt, AttemptState, Job
-from jobs.renting import claims, image_cache, measures, shape_history
+from jobs.renting import claims, image_cache, market, measures, shape_history
 from jobs.renting.interruption_rates import preemption_rates
 from jobs.renting.settle import give_up_renting, settle_dead_claim
 from jobs.renting.terms import profile_for, requirements_for
@@ -79,10 +79,9 @@ def rent(attempt_id: int, *, now: datetime, client: VastClient | None = None) ->
         # worker that claimed it died (``reject_on_worker_lost``): that claim is settled now.
         return settle_if_claimer_died(attempt_id, now=now, client=client)
     attempt = Attempt.objects.select_related("job__team").get(pk=attempt_id)
-    own_client = client is None
     try:
-        client = client or VastClient.from_settings(attempt.job.team)
-        return _choose_and_create(attempt, token.token, client=client, now=now)
+        with market.team_client(attempt.job.team, client=client) as vast:
+            return _choose_and_create(attempt, token.token, client=vast, now=now)
     except StoredSpecInvalid:
         # Edited into something no rent can use since it was planned: held, not retried.
         attention.hold_if_spec_invalid(attempt.job, now=now)
@@ -96,9 +95,6 @@ def rent(attempt_id: int, *, now: datetime, client: VastClient | None = None) ->
         logger.exception("renting %s failed", attempt)
         why = f"renting failed ({type(exc).__name__}: {exc}); trying again"
         return give_up_renting(attempt, now=now, why=why, end_reason="rent_error")
-    finally:
-        if own_client and client is not None:
-            client.close()
 
 
 def _choose_and_create(attempt: Attempt, token: str, *, client: VastClient, now: datetime) -> str:
@@ -106,9 +102,7 @@ def _choose_and_create(attempt: Attempt, token: str, *, client: VastClient, now:
     history = shape_history.history_for(job)
     req, profile = requirements_for(job), profile_for(job, history)
     try:
-        offers = client.search_offers(
-            selection.vast_query(req), limit=selection.SEARCH_LIMIT, allocated_storage=req.disk_gb
-        )
+        offers = market.search_offers(client, req)
     except VastError as exc:
         return give_up_renting(attempt, now=now, why=f"offer search failed: {exc}")
     rates = preemption_rates(job.team_id, now=now)

@@ -8,6 +8,7 @@ from typing import Any
 
 from hosts import selection
 from hosts.vast import VastClient, VastError
+from jobs.renting import market
 from jobs.renting.terms import requirements_from_spec
 from jobs.spec import JobSpec
 from portal.figures.offers import PREVIEW_RETRY
@@ -23,17 +24,11 @@ def interruptible_blocker(spec: JobSpec, *, team, client: VastClient | None = No
     req = requirements_from_spec(spec.requirements)
     if req.rental != selection.INTERRUPTIBLE:
         return None
-    own = client is None
-    client = client or VastClient.from_settings(team, retry=PREVIEW_RETRY)
     try:
-        offers = client.search_offers(
-            selection.vast_query(req), limit=selection.SEARCH_LIMIT, allocated_storage=req.disk_gb
-        )
+        with market.team_client(team, client=client, retry=PREVIEW_RETRY) as vast:
+            offers = market.search_offers(vast, req)
     except VastError:
         return None
-    finally:
-        if own:
-            client.close()
     kept, _ = selection.filter_offers(offers, req)
     if not kept or any(selection.rentals_to_weigh(offer, req) for offer in kept):
         return None
@@ -59,16 +54,12 @@ def gpu_count_blocker(spec: JobSpec, *, team, client: VastClient | None = None) 
     if req.gpu_names:
         names = list(req.gpu_names)
         query["gpu_name"] = {"eq": names[0]} if len(names) == 1 else {"in": names}
-    own = client is None
-    client = client or VastClient.from_settings(team, retry=PREVIEW_RETRY)
     try:
-        largest = client.search_offers(query, order=[["num_gpus", "desc"]], limit=1)
+        with market.team_client(team, client=client, retry=PREVIEW_RETRY) as vast:
+            largest = vast.search_offers(query, order=[["num_gpus", "desc"]], limit=1)
     except VastError as exc:
         logger.info("GPU count check skipped for team %s: %s", getattr(team, "slug", team), exc)
         return None
-    finally:
-        if own:
-            client.close()
     if not largest or largest[0].num_gpus >= req.num_gpus:
         return None
     models = " or ".join(req.gpu_names) if req.gpu_names else "any model"

@@ -12,7 +12,7 @@ from hosts import selection
 from hosts.vast import RetryPolicy, VastClient, VastError
 from jobs import rent_decision
 from jobs.rent_decision import RankedOffer
-from jobs.renting import corrections, image_cache
+from jobs.renting import corrections, image_cache, market
 from jobs.renting.terms import profile_from_spec, requirements_from_spec
 from jobs.spec import JobSpec
 from nomadgpu.humanize import instance_price, money
@@ -165,18 +165,12 @@ def preview_offers(spec: JobSpec, *, team, client: VastClient | None = None) -> 
     profile = corrections.corrected_profile(
         profile_from_spec(spec.profile, steps_total=spec.total_steps or 0), history
     )
-    own = client is None
-    client = client or VastClient.from_settings(team, retry=PREVIEW_RETRY)
     try:
-        offers = client.search_offers(
-            selection.vast_query(req), limit=selection.SEARCH_LIMIT, allocated_storage=req.disk_gb
-        )
+        with market.team_client(team, client=client, retry=PREVIEW_RETRY) as vast:
+            offers = market.search_offers(vast, req)
     except VastError as exc:
         logger.info("offers preview failed for team %s: %s", getattr(team, "slug", team), exc)
         return OffersPreview(error=f"The marketplace could not be asked for offers: {exc}")
-    finally:
-        if own:
-            client.close()
     speeds = history.speeds.book()
     images = image_cache.image_cached_odds(team.pk, spec.image)
     decision = selection.choose_offer(

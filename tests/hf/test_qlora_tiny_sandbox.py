@@ -12,8 +12,9 @@ import pytest
 from django.utils import timezone
 
 from jobs import drill
+from jobs.job_templates import template_spec
 from jobs.models import JobState
-from jobs.spec import JobSpec, submit_spec, template_spec
+from jobs.spec import JobSpec, submit_spec
 from tests.e2e.conftest import wait_checkpoint, wait_running, wait_state
 from tests.processes import ROOT
 

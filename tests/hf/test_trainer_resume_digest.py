@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load as load_safetensors
 
-from jobs.spec import template_spec
+from jobs.job_templates import template_spec
 from tests.agent_fake_supervisor import Attempt, FakeJob, FakeSupervisor, start_agent
 from tests.hf.test_hf_callback import OFFLINE, TINY_FLAGS, TRAIN
 from tests.processes import wait_until

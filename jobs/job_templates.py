@@ -1,0 +1,96 @@
+"""The job templates: pre-filled specs for the portal's "start from" menu and ``nomadgpu submit
+--template``. The toy and the tiny QLoRA run in the sandbox with this interpreter and checkout
+(sandbox instances are processes on this machine); ``qlora`` is the field report's job, for a
+real GPU.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import tomllib
+from typing import Any
+
+from django.conf import settings
+
+
+def _toy_template() -> dict[str, Any]:
+    # The sandbox runs a command on this machine, so the toy uses this interpreter and checkout.
+    return {
+        "name": "toy",
+        "image": "pytorch/pytorch:2.4.0-cuda12.4-cudnn9-runtime",
+        "command": f"{sys.executable} {settings.BASE_DIR / 'examples' / 'toy' / 'train.py'}",
+        "env": {"TOY_STEPS": "300", "TOY_CHECKPOINT_EVERY": "50", "TOY_STEP_SECONDS": "0.2"},
+        "total_steps": 300,
+        "heartbeat_interval_s": 5,
+        "requirements": {"gpu_names": ["RTX 4090"], "disk_gb": 20.0},
+        "profile": {"image_gb": 3.0, "model_gb": 0.0, "upload_gb": 0.01},
+    }
+
+
+def _qlora_tiny_template() -> dict[str, Any]:
+    # examples/qlora/train.py --tiny: a random two-layer Qwen2 + LoRA on the CPU, nothing
+    # downloaded. Like the toy it runs with this interpreter and checkout (sandbox instances are
+    # processes on this machine); its setup installs the HF packages only where they are missing.
+    python = shlex.quote(sys.executable)
+    train = shlex.quote(str(settings.BASE_DIR / "examples" / "qlora" / "train.py"))
+    packages = shlex.quote(str(settings.BASE_DIR / "requirements-hf.txt"))
+    return {
+        "name": "qlora-tiny",
+        "image": "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime",  # what a real host would pull
+        "setup": f'{python} -c "import torch, transformers, peft, accelerate" 2>/dev/null'
+        f" || {python} -m pip install -r {packages}",
+        "command": f"{python} {train} --tiny",
+        "env": {
+            "QLORA_SAVE_STEPS": "25",
+            "QLORA_BATCH_SIZE": "2",
+            "QLORA_GRAD_ACCUM": "1",
+            # 300 steps take 2 s on the CPU: paced to a minute, so that a drill lands mid-run.
+            "QLORA_STEP_SECONDS": "0.2",
+            "OMP_NUM_THREADS": "1",  # the sandbox shares this machine's cores with the portal
+            "HF_HUB_OFFLINE": "1",
+        },
+        "total_steps": 300,
+        "heartbeat_interval_s": 5,
+        "requirements": {"gpu_names": ["RTX 4090"], "disk_gb": 20.0},
+        "profile": {"image_gb": 3.0, "model_gb": 0.0, "upload_gb": 0.01},
+    }
+
+
+# The real job needs its code and a CUDA GPU. The portal cannot read a folder on the submitter's
+# disk (job.toml's `workdir = "."` is for the CLI), so the code is attached in the form; without
+# it, or on a host without a GPU (the sandbox), setup stops at once saying so, before any install.
+_QLORA_NEEDS = (
+    'test -f train.py || { echo "no train.py here: attach the examples/qlora folder as the'
+    " job's code (nomadgpu submit examples/qlora/job.toml does it)\" >&2; exit 2; }\n"
+    'python -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null'
+    ' || { echo "no CUDA GPU visible to torch: this job needs a real GPU host;'
+    ' in the sandbox, use the qlora-tiny template" >&2; exit 2; }\n'
+)
+
+
+def _qlora_template() -> dict[str, Any]:
+    spec = tomllib.loads((settings.BASE_DIR / "examples" / "qlora" / "job.toml").read_text())
+    spec.pop("workdir", None)  # a folder on the submitter's disk: the CLI packs it
+    spec["setup"] = _QLORA_NEEDS + spec.get("setup", "")
+    return spec
+
+
+# Pre-filled specs for the portal's "start from" menu and `nomadgpu submit --template`.
+JOB_TEMPLATES = {
+    "toy": ("Toy trainer (CPU, runs in the sandbox in a minute)", _toy_template),
+    "qlora-tiny": (
+        "QLoRA, tiny: a random Qwen2 + LoRA on the CPU (runs in the sandbox in a minute)",
+        _qlora_tiny_template,
+    ),
+    "qlora": (
+        "Field report: QLoRA Qwen2.5-7B on one RTX 4090 (a real GPU on Vast; attach "
+        "examples/qlora as the job's code)",
+        _qlora_template,
+    ),
+}
+
+
+def template_spec(name: str) -> dict[str, Any]:
+    """The raw spec dict of template NAME (KeyError when unknown)."""
+    return JOB_TEMPLATES[name][1]()
