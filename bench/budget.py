@@ -61,7 +61,7 @@ from billing.services import LimitStatus  # noqa: E402
 from hosts.selection import ON_DEMAND, Requirements, filter_offers  # noqa: E402
 from hosts.vast import parse_offer  # noqa: E402
 
-MARKETS = (ROOT / "sandbox/market/offers.json", ROOT.parent / "shared/market/offers.json")
+MARKET = ROOT / "sandbox/market/offers.json"
 LIMIT = 1.0
 TIGHT_LIMIT = 0.05
 DISK_GB = 50.0
@@ -162,7 +162,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--quick", action="store_true", help="3 phase offsets instead of 10")
     args = parser.parse_args(argv[1:])
     phases = 3 if args.quick else PHASES
-    path = args.market or next(p for p in MARKETS if p.exists())
+    path = args.market or MARKET
     rates = burn_rates(path)
     step = float(settings.WATCHDOG_INTERVAL_S)
     grace = float(settings.BUDGET_CHECKPOINT_GRACE_S)

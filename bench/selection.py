@@ -4,7 +4,7 @@ Usage: ``python bench/selection.py [--quick] [--seed N] [market.json]`` (no serv
 database: Django is set up only to read the stored decision as ``jobs.renting.terms`` does; a
 few seconds, ``--quick`` runs fewer simulated jobs).
 
-On the seeded market (``sandbox/market/offers.json``, else ``shared/market/offers.json``)
+On the seeded market (``sandbox/market/offers.json``)
 and for two jobs, it prices three offers at their TRUE cost, i.e. the cost model of
 ``hosts.selection`` fed with each machine's real speed: reference s/step * the market's hidden
 ``sim_speed_factor`` (1.0 = a normal machine of its model). The three:
@@ -68,10 +68,7 @@ from hosts.selection import (  # noqa: E402
 )
 from hosts.vast import Offer, parse_offer  # noqa: E402
 
-MARKETS = (
-    ROOT / "sandbox" / "market" / "offers.json",
-    ROOT.parent / "shared" / "market" / "offers.json",
-)
+MARKET = ROOT / "sandbox" / "market" / "offers.json"
 IMAGE_GB = 3.6e9 / 1024**3  # pytorch/pytorch, as the sandbox sizes it (sandbox/timing.py)
 FIELD_REPORT = Requirements(
     rental=ON_DEMAND,
@@ -244,7 +241,7 @@ def main(argv: list[str]) -> None:
         del args[at : at + 2]
     quick = "--quick" in args
     paths = [a for a in args if a != "--quick"]
-    path = Path(paths[0]) if paths else next(p for p in MARKETS if p.exists())
+    path = Path(paths[0]) if paths else MARKET
     offers, factors = load_market(path)
     for job in JOBS:
         print(figure(job, offers, factors))

@@ -37,10 +37,7 @@ from hosts.vast import parse_offer  # noqa: E402
 from jobs.renting import terms  # noqa: E402
 from jobs.spec import JobSpec  # noqa: E402
 
-MARKETS = (
-    ROOT / "sandbox" / "market" / "offers.json",
-    ROOT.parent / "shared" / "market" / "offers.json",
-)
+MARKET = ROOT / "sandbox" / "market" / "offers.json"
 BF16_GB = 15.2
 FOUR_BIT_GB = 5.6
 R2_USD_PER_GB_MONTH = 0.015
@@ -64,7 +61,7 @@ def priced(offers, req: Requirements, profile: JobProfile) -> tuple[float, float
 
 
 def main(argv: list[str]) -> None:
-    path = Path(argv[0]) if argv else next(p for p in MARKETS if p.exists())
+    path = Path(argv[0]) if argv else MARKET
     raw = json.loads(path.read_text())
     raw = raw["offers"] if isinstance(raw, dict) else raw
     offers = [parse_offer({k: v for k, v in o.items() if not k.startswith("sim_")}) for o in raw]

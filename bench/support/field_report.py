@@ -206,7 +206,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def field_market(tmp: Path) -> Path:
-    """The realistic market (shared/market's copy) cut to the issue's 500-2,000 Mbit/s."""
+    """The realistic market (the sandbox's copy) cut to the issue's 500-2,000 Mbit/s."""
     offers = json.loads((ROOT / "sandbox" / "market" / "offers.json").read_text())
     kept = [o for o in offers if MBIT[0] <= float(o["inet_down"]) <= MBIT[1]]
     # Only 10 of them are 1-GPU RTX 4090s and every destroy takes one off the market for good,
