@@ -35,7 +35,7 @@ __all__ = ["checkpoint_mode", "checkpoint_requested", "mark_ready", "report"]
 
 READY_MARKER = "NOMAD_READY"
 UPLOADED_MARKER = "NOMAD_UPLOADED"
-# The job's checkpoint policy, as jobs.checkpoint_interval spells it (the agent cannot import it).
+# The job's checkpoint policy, as jobs.checkpoints.interval spells it (the agent cannot import it).
 SCRIPT, AUTO = "script", "auto"
 
 # Counted, not an Event: a signal handler must not take locks the interrupted code may hold.

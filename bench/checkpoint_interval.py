@@ -10,7 +10,7 @@ training), a 1 GB checkpoint. Two policies run on the same hosts and the same fa
 - ``fixed-50``: the script checkpoints every 50 steps (the field report's script);
 - ``young-daly``: the job says ``checkpoint = "auto"`` and its script saves only when asked;
   the supervisor asks after the newest ready checkpoint (or the start) with the product's own
-  rule and estimates (``jobs.checkpoint_interval``, as ``jobs.auto_checkpoint.interval_for``
+  rule and estimates (``jobs.checkpoints.interval``, as ``jobs.checkpoints.requests.interval_for``
   calls it): λ from the team's history and the machine's record blended with
   ``hosts.selection.prior_rate``; δ the median of the uploads on this host, before the first
   the job's declared 1 GB over the host's advertised upload speed; the training left after
@@ -172,7 +172,7 @@ def interval_s(
     before: list[float],
     remaining_s: float,
 ) -> float:
-    """What the supervisor would choose for HOST, as ``jobs.auto_checkpoint.interval_for``:
+    """What the supervisor would choose for HOST, as ``jobs.checkpoints.requests.interval_for``:
     HERE and BEFORE are the job's uploads on this host and on its earlier ones, REMAINING_S the
     training left after the newest durable checkpoint."""
     rental, source = rates.rate(mix.kind, GPU)

@@ -7,8 +7,8 @@ The field report's job (``examples/qlora/job.toml``: QLoRA of Qwen2.5-7B-Instruc
 three ways: the typed bf16 download of 15.2 GB the command makes (the baseline), the same
 bytes staged (the agent fetches them from the team's bucket: the same bytes in, so the same
 price, only the source changes), and the pre-quantised 4-bit snapshot staged (about 5.6 GB:
-6.5 B parameters at 4 bits plus 1.1 B of embeddings and head at 16, README "Staged model
-weights"). Printed per way: the model download at the chosen offer's bandwidth, the job's
+6.5 B parameters at 4 bits plus 1.1 B of embeddings and head at 16, docs/staged-weights.md ("Staged
+model weights"). Printed per way: the model download at the chosen offer's bandwidth, the job's
 expected total, and each against the baseline; then what keeping the staged copy costs a
 month in R2 (``R2_USD_PER_GB_MONTH``, no egress fee) against the job's cost.
 """

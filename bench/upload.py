@@ -141,7 +141,7 @@ class Bench:
         plan = ck.plan_tar(self.folder)
         crypt = ck.new_crypt(self.data_key)
         size = ck.object_size(plan, True)
-        # The supervisor's side of POST /checkpoints (jobs.checkpoints.plan_upload).
+        # The supervisor's side of POST /checkpoints (jobs.checkpoints.records.plan_upload).
         if size > SINGLE_PUT_LIMIT:
             upload_id = self.store.create_multipart(key)
             parts = [

@@ -201,7 +201,9 @@ def charges_csv(request, slug: str):
 
 
 class UploadForm(forms.Form):
-    file = forms.FileField(label="Charges CSV", help_text="Columns: see the README.")
+    file = forms.FileField(
+        label="Charges CSV", help_text='Columns: see docs/invoices.md, "CSV upload".'
+    )
 
 
 @login_required

@@ -182,7 +182,8 @@ class AttemptAdmin(TeamScopedAdmin):
     list_filter = ["state", "gpu_name", "job__team"]
     search_fields = ["job__name", "label", "instance_id", "machine_id"]
     list_select_related = ["job"]
-    # The log tail is shown with the job's secret values masked (jobs.job_secrets), in its place.
+    # The log tail is shown with the job's secret values masked (jobs.code.job_secrets), in its
+    # place.
     exclude = ["token_digest", "log_tail"]
     readonly_fields = [
         "masked_log_tail" if f.name == "log_tail" else f.name

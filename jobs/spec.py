@@ -139,7 +139,8 @@ class ProfileSpec(_Strict):
     # redoes half of that on average (hosts.selection.expected_cost).
     checkpoint_every_steps: int = Field(0, ge=0, le=100_000_000)
     # Who decides when to checkpoint: the script alone, or also the supervisor, which asks for
-    # one (``checkpoint_now``) every √(2·δ·MTBF) for the host it runs on (jobs.checkpoint_interval).
+    # one (``checkpoint_now``) every √(2·δ·MTBF) for the host it runs on
+    # (jobs.checkpoints.interval).
     checkpoint: Literal["script", "auto"] = "script"
 
 
@@ -266,10 +267,10 @@ class JobSpec(_Strict):
     # The team secret holding Vast's ``image_login`` of a private image: "-u USER -p TOKEN ghcr.io".
     image_login_secret: str = Field("", max_length=64, pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")
     # Model weights and files mirrored once into the team's storage before the first rent and
-    # laid out on every host before setup (``jobs.staging``; README "Staged model weights").
+    # laid out on every host before setup (``jobs.staging``; docs/staged-weights.md).
     stage: StageEntries = Field(default_factory=list)
     # One process per GPU of the job (``requirements.num_gpus``) started by torchrun or
-    # ``accelerate launch`` around the command (``agent.launch``; README "Several GPUs");
+    # ``accelerate launch`` around the command (``agent.launch``; docs/several-gpus.md);
     # None: the command runs as it is.
     launcher: Literal["torchrun", "accelerate"] | None = None
 
@@ -324,7 +325,7 @@ def check_team_refs(spec: JobSpec, *, team) -> None:
 
 def submit_spec(spec: JobSpec, *, team, created_by, now: datetime):
     """Submit a validated spec for TEAM; returns the queued job. Raises (nothing created)
-    ``MissingSecret`` when it names a secret the team does not have, ``jobs.workdirs.
+    ``MissingSecret`` when it names a secret the team does not have, ``jobs.code.packs.
     WorkdirRefused`` for code that cannot be used (a pack not ready, a git ref that does not
     exist: resolved here, before any transaction), and ``jobs.spending.BudgetExceeded`` (a
     message with the numbers) when the estimate would cross a spending limit and the spec

@@ -73,7 +73,7 @@ def sweep_late_uploads() -> int:
     max_retries=settings.STAGE_TASK_RETRIES,
 )
 def stage_job(self, job_id: int) -> str:
-    """Mirror JOB_ID's stage entries and plan its rent (``jobs.staging.stage_job``). Another
+    """Mirror JOB_ID's stage entries and plan its rent (``jobs.staging.stage.stage_job``). Another
     task mirroring the same entry is waited for; a transport or storage error is retried with
     backoff, and fails the job (no host rented) once the retries are spent."""
     try:

@@ -1,6 +1,7 @@
 """How numbers read to people, the same on every page, message and feed.
 
-Money has one rule (``money``), written here and in the README (*Spending limits*):
+Money has one rule (``money``), written here and in docs/budgets-and-costs.md (*A job's cost, and
+how money reads*):
 
 - from $1: cents, "$1.24", "$1,234.56";
 - under $1: three significant digits, "$0.190", "$0.0191", "$0.00820": a short run costs

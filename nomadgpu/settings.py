@@ -3,7 +3,7 @@
 Every variable has an embedded default that needs no server (SQLite under ``var/``, kombu's
 filesystem broker, the sandbox marketplace, local object storage), so ``make run`` works on a
 fresh machine. Production switches by variables; ``ENV_VARS`` records every name read here so
-the README table and the docker-compose test can be checked against it.
+the table in docs/configuration.md and the docker-compose test can be checked against it.
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # Django turns psycopg's prepared statements off (None); a threshold no statement reaches
     # turns them back on for the statements that ask with prepare=True, the heartbeat's two
-    # (jobs.heartbeat_store). Django's own cursors bind on the client and never prepare.
+    # (jobs.agent_api.heartbeat_store). Django's own cursors bind on the client and never prepare.
     DATABASES["default"].setdefault("OPTIONS", {}).setdefault("prepare_threshold", 2**31 - 1)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -312,7 +312,7 @@ S3_ACCESS_KEY_ID = env("S3_ACCESS_KEY_ID", "")
 S3_SECRET_ACCESS_KEY = env("S3_SECRET_ACCESS_KEY", "")
 S3_REGION = env("S3_REGION", "auto")
 # A job's packed code folder (``workdir``), before encryption, in MiB: the member API answers 413
-# over it and the portal's form refuses the archive (jobs.workdirs).
+# over it and the portal's form refuses the archive (jobs.code.packs).
 WORKDIR_MAX_MB = envint("WORKDIR_MAX_MB", 200)
 # Staged model weights (jobs.staging): the Hugging Face Hub the worker mirrors repos from, and
 # how often a mirror that failed on the network or storage is tried again before the job fails.

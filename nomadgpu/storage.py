@@ -43,9 +43,10 @@ class WriteRefused(StorageError):
 
 # Whether a signed write to a key may still land: None, or why not. The signature only says
 # the server handed out the URL; the jobs app knows whether the attempt it was handed to is
-# still live (``jobs.checkpoints.late_write_refusal``, installed by ``jobs.apps``). Only the
+# still live (``jobs.checkpoints.records.late_write_refusal``, installed by ``jobs.apps``). Only the
 # local backend can ask: an S3 service takes any validly signed PUT until the URL expires, so
-# there the jobs app deletes what lands late instead (``jobs.checkpoints.discard_unfinished``).
+# there the jobs app deletes what lands late instead
+# (``jobs.checkpoints.records.discard_unfinished``).
 WriteGuard = Callable[[str], str | None]
 
 

@@ -1,7 +1,7 @@
 """A team's secrets (``TeamSecret``): set, replaced, deleted, looked up by name, and masked.
 
 A value goes in through the admin or the Team page and comes out in exactly two places: the
-register reply of an agent whose job names it (``jobs.job_secrets``), and, for the secret a job
+register reply of an agent whose job names it (``jobs.code.job_secrets``), and, for the secret a job
 names as its ``image_login_secret``, Vast's create request (``image_login``). Everything else
 sees names only. ``mask`` is the server's defence in depth for text an agent sends back (the
 agent masks first, PROTOCOL.md).

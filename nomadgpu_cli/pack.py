@@ -1,4 +1,5 @@
-"""A job's code folder as the deterministic .tar.gz the CLI uploads (README "Member API and CLI").
+"""A job's code folder as the deterministic .tar.gz the CLI uploads (docs/own-code-and-secrets.md,
+"From the CLI").
 
 The pack is content-addressed by its sha256, so the same code must give the same bytes: entries
 sorted, mtime 0, owner 0 without names, only the mode bits kept from the files' metadata, a gzip

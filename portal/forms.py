@@ -219,7 +219,7 @@ NUMBER_FIELDS = {
 # The job's code: an uploaded archive or a git repository (``JobSpec.workdir``). Not in
 # FIELD_PATHS: several fields make one spec value, and the archive is a file.
 CODE_FIELDSET = ("Code", ["workdir_archive", "git_url", "git_ref", "deploy_key_secret"])
-# A refusal's ``about`` (jobs.workdirs, pydantic's location under workdir) → its field.
+# A refusal's ``about`` (jobs.code.packs, pydantic's location under workdir) → its field.
 WORKDIR_FIELDS = {
     "sha256": "workdir_archive",
     "size": "workdir_archive",
@@ -268,7 +268,7 @@ def workdir_field(about: str) -> str:
 class SecretNamesField(forms.MultipleChoiceField):
     """Checkboxes of the team's secret names. A name that is not offered (another team's page,
     a secret deleted meanwhile) is passed on, not refused here: the submit refuses it with the
-    sentence that says what to do (``jobs.job_secrets.MissingSecret``)."""
+    sentence that says what to do (``jobs.code.job_secrets.MissingSecret``)."""
 
     def valid_value(self, value: str) -> bool:
         return True

@@ -2,7 +2,7 @@
 
 Same auth and team rules as ``/api/jobs`` (``portal.member_api``). A plain pack is PUT straight
 to storage by presigned URL and then completed here; an encrypted one is PUT here and encrypted
-by the server on the way in (``jobs.workdirs``). Errors are JSON with ``detail``.
+by the server on the way in (``jobs.code.packs``). Errors are JSON with ``detail``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The heartbeat's two statements (``jobs.heartbeat_store``) on whichever database the tests use:
-SQLite by default, PostgreSQL (prepared on the server) with ``DATABASE_URL``."""
+"""The heartbeat's two statements (``jobs.agent_api.heartbeat_store``) on whichever database the
+tests use: SQLite by default, PostgreSQL (prepared on the server) with ``DATABASE_URL``."""
 
 from __future__ import annotations
 

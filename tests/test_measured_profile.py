@@ -1,4 +1,4 @@
-"""Estimates that learn (jobs/measured.py): a second run of a job's shape is estimated from
+"""Estimates that learn (jobs/renting/): a second run of a job's shape is estimated from
 what the first measured (s/step, the command's downloads, start-up, checkpoints, the host it
 paid for); a shape never run keeps its typed profile; another team's runs never count."""
 

@@ -46,9 +46,9 @@ the byte scale: the sandbox throttles each connection, and parallel ranges would
 is not built: its keep rule is computed from the same figures.
 
 Measured (``--drills 2``, 3 December 2026, 2 cores shared with three helpers' tests; the
-medians move with the hosts each drill draws, the provider start above all, 104-190 s; README,
-Benchmarks, has the rows): model download 92.5 s → 95.5 s staged bf16 (the same bytes over the
-same link) → 26.2 s staged 4-bit; model download + setup 77.9 s → 52.7 s with the download
+medians move with the hosts each drill draws, the provider start above all, 104-190 s;
+docs/benchmarks.md has the rows): model download 92.5 s → 95.5 s staged bf16 (the same bytes over
+the same link) → 26.2 s staged 4-bit; model download + setup 77.9 s → 52.7 s with the download
 beside setup; image pull 24.9 s → 5.2 s on a machine that holds the image (its own first pull
 46 s); host loss → training again p50 / p90 326 / 343 s baseline, 273 / 289 s with every
 measure on (a move), 111 / 112 s for a host back in 60 s (measure 3); rent → first step p50

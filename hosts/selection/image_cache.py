@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class ImageCache:
     """The chance each machine still holds the job's image, pulled there by an earlier rental:
-    ``BY_MACHINE`` maps a machine id to it (``jobs.image_cache.image_cached_odds`` decides it
-    from the team's history); a machine not in it never pulled the image (chance 0).
+    ``BY_MACHINE`` maps a machine id to it (``jobs.renting.image_cache.image_cached_odds`` decides
+    it from the team's history); a machine not in it never pulled the image (chance 0).
 
     Only the image: Vast deletes an instance's disk with it (vast-ai/docs
     ``guides/instances/storage/types.mdx``), so a new instance never finds the model or a

@@ -14,7 +14,7 @@ class JobProfile:
     ``reference_gpu`` model (field report: 4 s/step on one RTX 4090). ``upload_gb`` is what the
     whole run uploads (checkpoints); a resumed run is charged its remaining share.
     ``checkpoint_gb`` is downloaded before resuming (only when ``steps_done`` > 0).
-    A job's profile is given every field by ``jobs.market_terms`` from ``JobSpec``; the
+    A job's profile is given every field by ``jobs.renting.terms`` from ``JobSpec``; the
     defaults here are the same numbers, for tests and benchmarks.
     """
 
@@ -28,13 +28,13 @@ class JobProfile:
     container_start_s: float = 60.0
     checkpoint_gb: float = 0.0
     checkpoint_every_steps: int = 0  # 0: unknown, taken as a tenth of the run
-    # "script" or "auto" (the supervisor also asks, jobs.checkpoint_interval); the cost model
+    # "script" or "auto" (the supervisor also asks, jobs.checkpoints.interval); the cost model
     # does not read it: it rides along in the job's profile.
     checkpoint: str = "script"
-    # Measured on earlier runs of the job (``jobs.measured``), None until then: the GPU-billed
-    # seconds a run spends besides its steps (agent start, setup, the command's own downloads,
-    # the last upload, exit), in place of ``container_start_s`` and of the model download at
-    # the offer's bandwidth (its traffic is still priced from ``model_gb``); and the seconds
+    # Measured on earlier runs of the job (``jobs.renting.shape_history``), None until then: the
+    # GPU-billed seconds a run spends besides its steps (agent start, setup, the command's own
+    # downloads, the last upload, exit), in place of ``container_start_s`` and of the model download
+    # at the offer's bandwidth (its traffic is still priced from ``model_gb``); and the seconds
     # from rent to container up, in place of the image at the offer's bandwidth.
     start_s: float | None = None
     pull_s: float | None = None

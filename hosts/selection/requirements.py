@@ -26,7 +26,7 @@ class Requirements:
     ``num_gpus`` is matched exactly: extra GPUs would be billed and sit idle.
     ``disk_gb`` is the disk to allocate, which is also the storage billed.
     ``rental`` has no default: how to rent is the product's choice, made once in ``JobSpec``
-    (``jobs.market_terms`` gives every field from there); the defaults below only save tests
+    (``jobs.renting.terms`` gives every field from there); the defaults below only save tests
     and benchmarks typing, and never stand in for a job's own value.
     """
 

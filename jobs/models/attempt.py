@@ -116,7 +116,7 @@ class Attempt(models.Model):
     last_progress_at = models.DateTimeField(null=True, blank=True)
     gpu_ok = models.BooleanField(null=True)
     gpu_error = models.CharField(max_length=300, blank=True)
-    # The latest beat's GPUs, one object each (agent_api.GpuIn): index, bus id, name,
+    # The latest beat's GPUs, one object each (jobs.agent_api.api.GpuIn): index, bus id, name,
     # utilisation, memory, temperature, uncorrected ECC errors and an error where one is lost.
     gpus = models.JSONField(default=list, blank=True)
     bytes_down = models.PositiveBigIntegerField(default=0)

@@ -8,14 +8,14 @@ typed figure is replaced, once a run has measured it, by what the team's runs of
 the same team) showed. Another team's runs never count. Each figure is one query over the
 newest ``HISTORY_RUNS`` attempts (or jobs) of the shape, the job's own earlier attempts among
 them, and a median of what they measured, so one odd host moves nothing and a changed job is
-followed within a few runs. The table of what replaces what is in the README ("Estimates that
-learn"); in short:
+followed within a few runs. The table of what replaces what is in docs/budgets-and-costs.md
+("Estimates that learn"); in short:
 
 - seconds per step, per machine and per GPU model (``Attempt.seconds_per_step``), the
   reference GPU's from another model by the ratio of their DLPerf, as the selection scales;
   per GPU count: only runs at the job's count are measured at it, and with none, the same job's
   runs at other counts are scaled to it (``selection.seconds_per_step_at``) and say so
-  ("estimated from 1-GPU runs"; README, "Several GPUs: cost");
+  ("estimated from 1-GPU runs"; docs/several-gpus.md, "Cost");
 - the bytes the command (and setup) downloaded on a host: the container's counters less what
   the agent moved itself (``net_rx_bytes`` - ``bytes_down``), in place of ``model_gb``;
 - the start-up, from the phase boundaries of runs that finished: rent to container up (the

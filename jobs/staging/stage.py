@@ -1,5 +1,5 @@
 """Staged model weights: a job's ``stage`` entries mirrored once into its team's storage, checked
-before any rent, and handed to every agent as presigned objects (README "Staged model weights").
+before any rent, and handed to every agent as presigned objects (docs/staged-weights.md).
 
 An entry is a Hugging Face model repo at a revision, or one URL. The worker (``stage_job``)
 first resolves every entry: the Hub's ``GET /api/models/{repo}/revision/{rev}?blobs=true``

@@ -49,7 +49,7 @@ class OfferRow:
     upload_usd: float
     interruptions_usd: float | None
     # The chance the machine still holds the job's image from an earlier rental of the team
-    # (``jobs.image_cache``); its pull is priced at the rest. 0: it never pulled it.
+    # (``jobs.renting.image_cache``); its pull is priced at the rest. 0: it never pulled it.
     image_cached_chance: float = 0.0
     machine_id: int | None = None
 
