@@ -32,7 +32,7 @@ SECONDS_PER_HOUR = 3600.0
 # figure for how often or how fast hosts come back): a community host that drops off comes
 # back about half the time (a reboot, a router, a driver update), in about 5 minutes when it
 # does. The sandbox's seeded return times are drawn from the same numbers
-# (``sandbox.timing.host_return_s``).
+# (``sandbox.timing.Timing.host_return_s``).
 PRIOR_RETURN_P = 0.5
 PRIOR_RETURN_MEAN_S = 300.0
 PRIOR_EPISODES = 2.0  # how many offline episodes the prior weighs against what was seen
