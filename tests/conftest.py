@@ -9,7 +9,7 @@ import pytest
 from django.conf import settings
 
 from nomadgpu.models import Role
-from tests.factories import MembershipFactory, TeamFactory, UserFactory
+from tests.support.factories import MembershipFactory, TeamFactory, UserFactory
 
 # The Hugging Face Trainer test needs torch, which only `make test-hf` installs; it sets this.
 collect_ignore = [] if os.environ.get("NOMADGPU_TEST_HF") else ["hf"]
@@ -25,10 +25,10 @@ if not settings.FIELD_ENCRYPTION_KEYS:
 settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 pytest_plugins = [
-    "tests.processes",
-    "tests.s3_support",
-    "tests.sandbox_support",
-    "tests.vast_billing_fake",
+    "tests.support.processes",
+    "tests.support.s3",
+    "tests.support.sandbox",
+    "tests.support.vast_billing_fake",
 ]
 
 

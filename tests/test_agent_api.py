@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from jobs.models import HEARTBEAT_TIMEOUT_INTERVALS, Attempt, Checkpoint, CheckpointState
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 

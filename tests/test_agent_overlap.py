@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.agent_fake_supervisor import FakeJob, FakeS3, FakeSupervisor, start_agent, toy_command
+from tests.support.agent_fake_supervisor import (
+    FakeJob,
+    FakeS3,
+    FakeSupervisor,
+    start_agent,
+    toy_command,
+)
 
 FAST = {"TOY_STEP_SECONDS": "0.05", "TOY_STEPS": "10", "TOY_CHECKPOINT_EVERY": "10"}
 # A setup that finishes only once the checkpoint is restored beside it (its folder appears),

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from agent import checkpoints as ck
-from tests.processes import wait_until
+from tests.support.processes import wait_until
 
 KEY = os.urandom(32)
 BLOCK = 256 * 1024

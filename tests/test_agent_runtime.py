@@ -17,7 +17,7 @@ import pytest
 from agent.build import build_zipapp
 from agent.ckptcrypto import decrypt_stream
 from agent.runner import exit_report
-from tests.agent_fake_supervisor import (
+from tests.support.agent_fake_supervisor import (
     FakeJob,
     FakeS3,
     FakeSupervisor,

@@ -15,7 +15,7 @@ import pytest
 
 from agent.checkpoints import UnsafeArchive
 from agent.workdir import extract_code
-from tests.agent_fake_supervisor import (
+from tests.support.agent_fake_supervisor import (
     FakeJob,
     FakeS3,
     FakeSupervisor,

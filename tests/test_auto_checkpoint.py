@@ -14,7 +14,7 @@ from jobs import auto_checkpoint, lifecycle, renting, watchdog
 from jobs import checkpoint_interval as ci
 from jobs.models import Attempt, Checkpoint, JobEvent
 from jobs.spec import JobSpec
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 

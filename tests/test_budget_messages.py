@@ -17,7 +17,7 @@ from jobs.models import Job
 from jobs.spec import JobSpec, ValidationError, template_spec
 from notify import messages
 from portal.forms import spec_to_initial
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 

@@ -14,8 +14,8 @@ from django.utils import timezone
 from billing.models import BudgetReservation, TeamBudget
 from billing.services import reserve_for_rent
 from jobs.models import Job
-from tests.factories import JobFactory, TeamFactory, make_attempt
-from tests.processes import celery_command, subprocess_env, wait_until
+from tests.support.factories import JobFactory, TeamFactory, make_attempt
+from tests.support.processes import celery_command, subprocess_env, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -23,8 +23,8 @@ from jobs.lifecycle import submit_job
 from jobs.models import Attempt, Checkpoint, Job, JobEvent
 from jobs.spending import BudgetExceeded
 from nomadgpu.models import ServiceHeartbeat, Team
-from tests.factories import JobFactory, make_attempt
-from tests.sandbox_support import market_offers
+from tests.support.factories import JobFactory, make_attempt
+from tests.support.sandbox import market_offers
 
 pytestmark = pytest.mark.django_db
 

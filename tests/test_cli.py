@@ -17,10 +17,10 @@ from jobs import lifecycle
 from jobs.models import Attempt, Job, JobState
 from nomadgpu import api_tokens
 from nomadgpu_cli import cli
-from tests.cli_support import Follower
-from tests.factories import JobFactory, make_attempt
-from tests.processes import wait_until
-from tests.s3_support import free_port
+from tests.support.cli import Follower
+from tests.support.factories import JobFactory, make_attempt
+from tests.support.processes import wait_until
+from tests.support.s3 import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

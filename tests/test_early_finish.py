@@ -17,8 +17,8 @@ from nomadgpu import api_tokens
 from nomadgpu.storage import object_store
 from notify import outbox
 from notify.models import Channel
-from tests import telegram_fake
-from tests.factories import JobFactory, make_attempt
+from tests.support import telegram_fake
+from tests.support.factories import JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 

@@ -1,6 +1,6 @@
 """Finance imports when finance wants it: the "Import now" button (finance and admin; a member
 is refused) sends the beat's own task after the commit, a real worker on the real broker runs
-it once against Vast's billing endpoints (``tests/vast_billing_fake.py``), and
+it once against Vast's billing endpoints (``tests/support/vast_billing_fake.py``), and
 ``manage.py sync_invoices`` runs the same import in-process, idempotent as the beat's."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.models import Charge, ChargeItem, InvoiceSync
-from tests.factories import JobFactory, make_attempt
-from tests.processes import wait_until
-from tests.vast_billing_fake import FakeVastBilling, charge
+from tests.support.factories import JobFactory, make_attempt
+from tests.support.processes import wait_until
+from tests.support.vast_billing_fake import FakeVastBilling, charge
 
 IMPORT_URL = "/finance/team-a/import/"
 

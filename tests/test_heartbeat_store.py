@@ -10,7 +10,7 @@ from django.utils import timezone
 from jobs.agent_services import Heartbeat
 from jobs.heartbeat_store import HEARTBEAT_ATTEMPT_FIELDS, load_for_heartbeat, store_heartbeat
 from jobs.models import Attempt
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 

@@ -16,8 +16,8 @@ from hosts.vast import VastClient
 from jobs import lifecycle, renting
 from nomadgpu.models import TeamSecret
 from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS
-from tests.factories import JobFactory
-from tests.sandbox_support import DEFAULT_KEY, market_offers
+from tests.support.factories import JobFactory
+from tests.support.sandbox import DEFAULT_KEY, market_offers
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,7 @@ from django.utils import timezone
 from hosts.selection import ON_DEMAND, PreemptionRates
 from jobs import anatomy, lifecycle
 from jobs.models import Attempt, Checkpoint, Interruption, Job, JobState
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 

@@ -16,7 +16,7 @@ from django.utils import timezone
 from jobs.models import Job, JobEvent
 from nomadgpu import api_tokens
 from nomadgpu.models import TeamSecret
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 

@@ -14,8 +14,8 @@ from django.utils import timezone
 from jobs import checkpoints, lifecycle
 from jobs.models import Attempt, Checkpoint
 from nomadgpu.storage import LocalObjectStore, S3ObjectStore
-from tests.factories import JobFactory, TeamFactory, make_attempt
-from tests.processes import wait_until
+from tests.support.factories import JobFactory, TeamFactory, make_attempt
+from tests.support.processes import wait_until
 
 KIB = 1024
 

@@ -23,13 +23,13 @@ from agent.runner import launched_command
 from jobs.lifecycle import exit_words
 from jobs.spec import JobSpec, ValidationError, error_messages, submit_spec
 from portal.forms import JobForm
-from tests.agent_fake_supervisor import FakeJob, FakeSupervisor, start_agent, toy_command
-from tests.factories import JobFactory, make_attempt
-from tests.processes import wait_until
+from tests.support.agent_fake_supervisor import FakeJob, FakeSupervisor, start_agent, toy_command
+from tests.support.factories import JobFactory, make_attempt
+from tests.support.processes import wait_until
 from tests.test_agent_api import call
 from tests.test_agent_runtime import FAST, group_is_gone, s3, steps_seen  # noqa: F401
 
-LAUNCHER = Path(__file__).with_name("session_launcher.py")
+LAUNCHER = Path(__file__).parent / "support" / "session_launcher.py"
 BASE = {"name": "j", "image": "img:1"}
 
 # What torchrun 2.x prints last when a rank fails (torch.distributed.elastic's ChildFailedError).

@@ -11,8 +11,8 @@ from hosts.models import Machine, decided_offer
 from hosts.vast import VastClient
 from jobs import lifecycle, renting
 from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS
-from tests.factories import JobFactory, UserFactory
-from tests.sandbox_support import DEFAULT_KEY
+from tests.support.factories import JobFactory, UserFactory
+from tests.support.sandbox import DEFAULT_KEY
 
 pytestmark = pytest.mark.django_db
 

@@ -15,8 +15,8 @@ from jobs import lifecycle, market_terms, measured, renting
 from jobs.market_terms import RentDecision, StoredSpecInvalid
 from jobs.models import Attempt
 from jobs.spec import JobSpec, ProfileSpec, RequirementsSpec
-from tests.factories import JobFactory, make_attempt
-from tests.sandbox_support import DEFAULT_KEY, market_offers
+from tests.support.factories import JobFactory, make_attempt
+from tests.support.sandbox import DEFAULT_KEY, market_offers
 
 pytestmark = pytest.mark.django_db
 

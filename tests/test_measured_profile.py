@@ -22,8 +22,8 @@ from jobs.models import Checkpoint, Job
 from jobs.spec import JobSpec, ProfileSpec, RequirementsSpec, template_spec
 from jobs.spending import BudgetExceeded
 from portal.forms import spec_to_initial
-from tests.factories import JobFactory, make_attempt
-from tests.sandbox_support import DEFAULT_KEY, market_offers
+from tests.support.factories import JobFactory, make_attempt
+from tests.support.sandbox import DEFAULT_KEY, market_offers
 
 pytestmark = pytest.mark.django_db
 

@@ -19,10 +19,10 @@ from jobs.models import Checkpoint, Interruption, Job, JobEvent
 from notify import messages, outbox, tasks
 from notify.models import Channel, Delivery, DeliveryState
 from notify.transports import sign, telegram_payload
-from tests import telegram_fake, webhook_receiver
-from tests.factories import JobFactory, TeamFactory, make_attempt
-from tests.processes import wait_until
-from tests.telegram_fake import blocked, chat_not_found, flood, server_error
+from tests.support import telegram_fake, webhook_receiver
+from tests.support.factories import JobFactory, TeamFactory, make_attempt
+from tests.support.processes import wait_until
+from tests.support.telegram_fake import blocked, chat_not_found, flood, server_error
 
 BOT_TOKEN = "123456789:AAH-test-token-for-notify-tests"
 WEBHOOK_SECRET = "whsec-0123456789abcdef0123456789abcdef"

@@ -14,7 +14,7 @@ from jobs import attention, watchdog
 from jobs.models import Attempt, Interruption, Job, JobEvent, JobState
 from nomadgpu import crypto
 from nomadgpu.models import Team
-from tests.factories import JobFactory, TeamFactory, make_attempt
+from tests.support.factories import JobFactory, TeamFactory, make_attempt
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 

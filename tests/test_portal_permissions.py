@@ -7,7 +7,7 @@ import pytest
 from django.urls import reverse
 
 from jobs.models import Checkpoint
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 INSIDERS = ["admin", "member", "finance"]

@@ -17,7 +17,7 @@ from jobs.models import Checkpoint, Interruption, Job, JobEvent, LossPoint
 from jobs.spec import template_spec
 from nomadgpu.humanize import money
 from portal.forms import spec_to_initial
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 HX = {"HTTP_HX_REQUEST": "true"}

@@ -10,7 +10,7 @@ import pytest
 from billing import reconcile
 from billing.models import Charge, ChargeItem, InvoiceSync
 from billing.reconcile import Status, Tolerance
-from tests.factories import JobFactory, TeamFactory, make_attempt
+from tests.support.factories import JobFactory, TeamFactory, make_attempt
 
 T0 = datetime(2026, 3, 1, 10, tzinfo=UTC)
 GB = 1024**3

@@ -12,7 +12,7 @@ import pytest
 from billing import reconcile
 from billing.models import DiscrepancyFlag, FlagStatus, InvoiceSync
 from nomadgpu.humanize import money
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import JobFactory, make_attempt
 from tests.test_reconcile import bill
 
 pytestmark = pytest.mark.django_db

@@ -15,7 +15,7 @@ from agent.phases import PhaseClock
 from jobs import anatomy
 from jobs.models import Attempt, Interruption, JobState
 from nomadgpu.models import Role
-from tests.factories import JobFactory, MembershipFactory, TeamFactory, make_attempt
+from tests.support.factories import JobFactory, MembershipFactory, TeamFactory, make_attempt
 
 T = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 

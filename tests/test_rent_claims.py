@@ -15,7 +15,7 @@ import pytest
 from hosts.vast.parsing import parse_instance
 from jobs import rent_claims, renting, watchdog
 from jobs.models import Attempt, JobState
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import JobFactory, make_attempt
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 

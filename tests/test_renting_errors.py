@@ -14,8 +14,8 @@ from hosts.vast import VastClient
 from jobs import lifecycle, renting
 from jobs.models import AttemptState, JobEvent
 from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS
-from tests.factories import JobFactory
-from tests.sandbox_support import DEFAULT_KEY
+from tests.support.factories import JobFactory
+from tests.support.sandbox import DEFAULT_KEY
 
 
 @pytest.mark.django_db

@@ -16,8 +16,8 @@ from hosts.sandbox.bids import BidMarket, BidSettings, min_bid_bounds, outbid_ra
 from hosts.vast import VastClient
 from hosts.vast.errors import InstanceGone, ProviderError
 from hosts.vast.transport import RetryPolicy
-from tests.processes import wait_until
-from tests.sandbox_support import DEFAULT_KEY, Sandbox, market_offers
+from tests.support.processes import wait_until
+from tests.support.sandbox import DEFAULT_KEY, Sandbox, market_offers
 
 SLEEP_ONSTART = "echo run >> runs\nexec sleep 120\n"
 HOUR_0_36_S = ("--time-scale", "0.0001")  # with --fast: one sandbox hour = 0.36 s

@@ -1,5 +1,5 @@
 """Staged model weights: ``stage`` entries checked at submit, mirrored once by a real Celery
-worker from a local fake Hub (tests/hub_fake.py) into the team's storage (local, or S3 on
+worker from a local fake Hub (tests/support/hub_fake.py) into the team's storage (local, or S3 on
 moto's server, encrypted), a missing or gated repo failing the job before any rent, and the
 real agent laying the files out in the Hugging Face cache for a command that runs offline."""
 
@@ -17,9 +17,9 @@ from jobs import market_terms, spec, staging
 from jobs.models import Attempt, Job, JobEvent, JobState, StagedObject
 from nomadgpu.models import TeamSecret
 from nomadgpu.storage import object_store
-from tests import hub_fake
-from tests.factories import JobFactory, TeamFactory, UserFactory, make_attempt
-from tests.processes import ROOT, wait_until
+from tests.support import hub_fake
+from tests.support.factories import JobFactory, TeamFactory, UserFactory, make_attempt
+from tests.support.processes import ROOT, wait_until
 
 CONFIG = b'{"model_type": "qwen2", "hidden_size": 64}'
 TOKENIZER = b'{"version": "1.0", "model": {"type": "BPE"}}'

@@ -14,7 +14,7 @@ from django.core.cache import cache
 from jobs.models import Interruption, JobState
 from jobs.watchdog import poll_providers
 from nomadgpu.models import Role, ServiceHeartbeat
-from tests.factories import JobFactory, MembershipFactory, TeamFactory, make_attempt
+from tests.support.factories import JobFactory, MembershipFactory, TeamFactory, make_attempt
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 ATOM = "{http://www.w3.org/2005/Atom}"

@@ -9,7 +9,7 @@ import pytest
 
 from jobs.models import Interruption
 from statuspage.stats import nearest_rank, team_status
-from tests.factories import JobFactory, TeamFactory, make_attempt
+from tests.support.factories import JobFactory, TeamFactory, make_attempt
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 

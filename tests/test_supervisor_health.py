@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from nomadgpu import health
 from nomadgpu.models import ServiceHeartbeat
-from tests.processes import celery_command, subprocess_env, wait_until
+from tests.support.processes import celery_command, subprocess_env, wait_until
 
 
 def database_check() -> str:

@@ -15,7 +15,7 @@ from jobs import silence, watchdog
 from jobs.models import Attempt, Interruption
 from nomadgpu import ingest
 from nomadgpu.models import IngestOutage, ServiceHeartbeat
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import JobFactory, make_attempt
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 TIMEOUT = timedelta(seconds=26.25)  # 1.75 x 15 s

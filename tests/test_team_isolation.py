@@ -6,7 +6,7 @@ import pytest
 from django.urls import reverse
 
 from nomadgpu.permissions import can_manage_team, can_see_billing, visible_to
-from tests.factories import JobFactory
+from tests.support.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -116,7 +116,7 @@ def test_visible_to_narrows_any_queryset_to_member_teams(cast):
 
 
 def test_admin_cancel_action_cancels_a_running_job(client, cast, monkeypatch):
-    from tests.factories import make_attempt
+    from tests.support.factories import make_attempt
 
     monkeypatch.setattr("jobs.lifecycle.send_task", lambda *a: None)
     attempt, _ = make_attempt(JobFactory(team=cast.team_a), state="running", instance_id=5)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sandbox_support import (
+from tests.support.sandbox import (
     DEFAULT_KEY,
     ROOT,
     Sandbox,

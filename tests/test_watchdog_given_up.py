@@ -15,9 +15,9 @@ from hosts.vast import VastClient
 from jobs import lifecycle, renting, watchdog
 from jobs.models import Interruption, JobEvent
 from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS
-from tests.factories import JobFactory
-from tests.processes import wait_until
-from tests.sandbox_support import DEFAULT_KEY
+from tests.support.factories import JobFactory
+from tests.support.processes import wait_until
+from tests.support.sandbox import DEFAULT_KEY
 
 pytestmark = pytest.mark.django_db
 

@@ -16,7 +16,7 @@ from hosts.models import Machine
 from hosts.vast import Instance
 from jobs import watchdog
 from jobs.models import Interruption, JobEvent
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 

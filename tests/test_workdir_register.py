@@ -13,8 +13,8 @@ import pytest
 
 from agent.ckptcrypto import decrypt_stream
 from nomadgpu.models import TeamSecret
-from tests.factories import JobFactory, make_attempt
-from tests.workdir_support import TRAIN_PY, ready_pack, sha256, tar_gz
+from tests.support.factories import JobFactory, make_attempt
+from tests.support.workdir import TRAIN_PY, ready_pack, sha256, tar_gz
 
 pytestmark = pytest.mark.django_db
 

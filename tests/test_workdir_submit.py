@@ -8,7 +8,7 @@ import pytest
 
 from jobs.models import Job, WorkdirPack
 from nomadgpu.models import TeamSecret
-from tests.workdir_support import TRAIN_PY, bare_repository, bearer, ready_pack, sha256, tar_gz
+from tests.support.workdir import TRAIN_PY, bare_repository, bearer, ready_pack, sha256, tar_gz
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,7 @@ from django.core.cache import cache
 from django.utils import timezone
 
 from jobs.models import Interruption
-from tests.factories import JobFactory, TeamFactory, make_attempt
+from tests.support.factories import JobFactory, TeamFactory, make_attempt
 
 pytestmark = pytest.mark.browser
 

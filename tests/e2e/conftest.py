@@ -19,9 +19,9 @@ from hosts.vast import RetryPolicy, VastClient, VastError
 from jobs import lifecycle
 from jobs.models import Attempt, AttemptState, Checkpoint, Interruption, Job
 from jobs.tasks import watchdog_tick
-from tests.factories import TeamFactory, UserFactory
-from tests.processes import ROOT, wait_until
-from tests.sandbox_support import DEFAULT_KEY
+from tests.support.factories import TeamFactory, UserFactory
+from tests.support.processes import ROOT, wait_until
+from tests.support.sandbox import DEFAULT_KEY
 
 TOY = f"{sys.executable} {ROOT}/examples/toy/train.py"
 TOY_ENV = {"TOY_STEPS": "300", "TOY_CHECKPOINT_EVERY": "50", "TOY_STEP_SECONDS": "0.08"}
@@ -63,7 +63,7 @@ class Supervisor:
 
 @pytest.fixture
 def celery_worker_thread(transactional_db):
-    """``tests.processes``' in-process worker, tuned for these runs.
+    """``tests.support.processes``' in-process worker, tuned for these runs.
 
     - Messages left by an earlier test are purged first: a delayed retry of "destroy instance
       21000001" would otherwise hit this test's sandbox, whose ids start at the same number.

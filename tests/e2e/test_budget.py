@@ -21,7 +21,7 @@ from tests.e2e.conftest import (
     wait_running,
     wait_state,
 )
-from tests.processes import wait_until
+from tests.support.processes import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

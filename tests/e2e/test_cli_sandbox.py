@@ -14,10 +14,10 @@ from django.utils import timezone
 from jobs.models import Interruption, Job, JobState
 from nomadgpu import api_tokens
 from nomadgpu.models import Role
-from tests.cli_support import Follower
 from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS, TOY, TOY_ENV, wait_running
-from tests.factories import MembershipFactory
-from tests.processes import wait_until
+from tests.support.cli import Follower
+from tests.support.factories import MembershipFactory
+from tests.support.processes import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -27,7 +27,7 @@ from tests.e2e.conftest import (
     wait_state,
 )
 from tests.e2e.test_chaos import final_digest_of, submit
-from tests.processes import wait_until
+from tests.support.processes import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -18,9 +18,9 @@ from tests.e2e.conftest import (
     wait_running,
     wait_state,
 )
-from tests.factories import MembershipFactory
-from tests.processes import wait_until
-from tests.sandbox_support import market_offers
+from tests.support.factories import MembershipFactory
+from tests.support.processes import wait_until
+from tests.support.sandbox import market_offers
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -9,8 +9,8 @@ import pytest
 
 from jobs.models import Checkpoint, Interruption, JobState
 from notify.models import Channel, Delivery, DeliveryState
-from tests import telegram_fake, webhook_receiver
-from tests.processes import wait_until
+from tests.support import telegram_fake, webhook_receiver
+from tests.support.processes import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -12,8 +12,8 @@ from django.utils import timezone
 from jobs.models import Interruption, JobEvent, JobState
 from nomadgpu.models import ServiceHeartbeat
 from tests.e2e.conftest import toy_digest, toy_env, wait_running, wait_state
-from tests.factories import JobFactory, TeamFactory, make_attempt
-from tests.processes import wait_until
+from tests.support.factories import JobFactory, TeamFactory, make_attempt
+from tests.support.processes import wait_until
 from tests.test_one_bad_row import poison_vast_key
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]

@@ -17,7 +17,6 @@ from django.utils import timezone
 from jobs.models import Job, JobEvent, JobState
 from nomadgpu import api_tokens
 from nomadgpu.models import Role, TeamSecret
-from tests.cli_support import Follower
 from tests.e2e.conftest import (
     FIELD_REPORT_REQUIREMENTS,
     live_instances,
@@ -27,8 +26,9 @@ from tests.e2e.conftest import (
     wait_running,
     wait_state,
 )
-from tests.factories import MembershipFactory
-from tests.processes import ROOT, wait_until
+from tests.support.cli import Follower
+from tests.support.factories import MembershipFactory
+from tests.support.processes import ROOT, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

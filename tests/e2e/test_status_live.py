@@ -10,7 +10,7 @@ from django.core.cache import cache
 from jobs.models import Interruption
 from nomadgpu.models import Team
 from tests.e2e.conftest import wait_checkpoint, wait_running
-from tests.processes import wait_until
+from tests.support.processes import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

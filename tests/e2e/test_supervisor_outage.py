@@ -36,9 +36,9 @@ from tests.e2e.conftest import (
     wait_state,
 )
 from tests.e2e.stack import WebProcess, supervisor_env, worker_process
-from tests.factories import TeamFactory, UserFactory
-from tests.processes import database_url_of_test_db, wait_until
-from tests.tcp_proxy import TcpProxy
+from tests.support.factories import TeamFactory, UserFactory
+from tests.support.processes import database_url_of_test_db, wait_until
+from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

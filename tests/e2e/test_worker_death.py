@@ -29,8 +29,8 @@ from tests.e2e.conftest import (
     wait_state,
 )
 from tests.e2e.stack import kill_group, supervisor_env, worker_process
-from tests.factories import TeamFactory, UserFactory
-from tests.processes import wait_until
+from tests.support.factories import TeamFactory, UserFactory
+from tests.support.processes import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

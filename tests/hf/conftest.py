@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.agent_fake_supervisor import FakeS3
+from tests.support.agent_fake_supervisor import FakeS3
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from agent.hf import NomadCallback
 from hosts import selection
 from jobs import market_terms
 from jobs.lifecycle import submit_job
-from tests.agent_fake_supervisor import ROOT, FakeJob, FakeSupervisor, start_agent
+from tests.support.agent_fake_supervisor import ROOT, FakeJob, FakeSupervisor, start_agent
 from tests.test_agent_runtime import steps_seen, tar_members
 from tests.test_selection import load_market
 

@@ -24,7 +24,6 @@ import torch
 from safetensors.torch import load as load_safetensors
 
 from jobs.stall import is_stalled
-from tests.agent_fake_supervisor import Attempt, FakeJob, FakeSupervisor, start_agent
 from tests.hf.test_hf_callback import OFFLINE, TINY_FLAGS, TRAIN
 from tests.hf.test_trainer_resume_digest import (
     HOLD,
@@ -33,7 +32,8 @@ from tests.hf.test_trainer_resume_digest import (
     ready_steps,
     run_to_the_end,
 )
-from tests.processes import wait_until
+from tests.support.agent_fake_supervisor import Attempt, FakeJob, FakeSupervisor, start_agent
+from tests.support.processes import wait_until
 from tests.test_agent_runtime import steps_seen, tar_members
 
 pytestmark = pytest.mark.filterwarnings(

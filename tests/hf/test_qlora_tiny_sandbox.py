@@ -15,7 +15,7 @@ from jobs import drill
 from jobs.models import JobState
 from jobs.spec import JobSpec, submit_spec, template_spec
 from tests.e2e.conftest import wait_checkpoint, wait_running, wait_state
-from tests.processes import ROOT
+from tests.support.processes import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -21,9 +21,9 @@ import torch
 from safetensors.torch import load as load_safetensors
 
 from jobs.spec import template_spec
-from tests.agent_fake_supervisor import Attempt, FakeJob, FakeSupervisor, start_agent
 from tests.hf.test_hf_callback import OFFLINE, TINY_FLAGS, TRAIN
-from tests.processes import wait_until
+from tests.support.agent_fake_supervisor import Attempt, FakeJob, FakeSupervisor, start_agent
+from tests.support.processes import wait_until
 from tests.test_agent_runtime import steps_seen, tar_members
 
 pytestmark = pytest.mark.filterwarnings(

@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from agent import procs
-from tests.processes import wait_until
-from tests.s3_support import free_port
+from tests.support.processes import wait_until
+from tests.support.s3 import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "examples" / "toy" / "train.py"
 TAIL_LIMIT = 8 * 1024
 PHASES = {"restoring", "running", "uploading", "exiting"}
