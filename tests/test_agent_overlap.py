@@ -8,7 +8,6 @@ import pytest
 
 from tests.support.agent_fake_supervisor import (
     FakeJob,
-    FakeS3,
     FakeSupervisor,
     start_agent,
     toy_command,
@@ -26,13 +25,6 @@ done
 echo "setup: no restore beside me" >&2
 exit 7
 """
-
-
-@pytest.fixture(scope="module")
-def s3():
-    server = FakeS3()
-    yield server
-    server.close()
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from django.utils import timezone
 from billing import reconcile
 from billing.models import Charge, DiscrepancyFlag, FlagStatus, InvoiceSync
 from jobs.models import JobEvent
+from tests.support.charges import bill
 from tests.support.factories import JobFactory, make_attempt
-from tests.test_reconcile import bill
 
 HX = {"HTTP_HX_REQUEST": "true"}
 

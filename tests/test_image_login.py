@@ -15,8 +15,8 @@ from django.utils import timezone
 from hosts.vast import VastClient
 from jobs import lifecycle, renting
 from nomadgpu.models import TeamSecret
-from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS
 from tests.support.factories import JobFactory
+from tests.support.market import FIELD_REPORT_REQUIREMENTS
 from tests.support.sandbox import DEFAULT_KEY, market_offers
 
 pytestmark = pytest.mark.django_db

@@ -10,8 +10,8 @@ from django.utils import timezone
 from hosts.models import Machine, decided_offer
 from hosts.vast import VastClient
 from jobs import lifecycle, renting
-from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS
 from tests.support.factories import JobFactory, UserFactory
+from tests.support.market import FIELD_REPORT_REQUIREMENTS
 from tests.support.sandbox import DEFAULT_KEY
 
 pytestmark = pytest.mark.django_db

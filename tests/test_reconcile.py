@@ -8,11 +8,12 @@ from decimal import Decimal
 import pytest
 
 from billing import reconcile
-from billing.models import Charge, ChargeItem, InvoiceSync
+from billing.models import Charge, InvoiceSync
 from billing.reconcile import Status, Tolerance
+from tests.support.charges import DAY0, bill
 from tests.support.factories import JobFactory, TeamFactory, make_attempt
 
-T0 = datetime(2026, 3, 1, 10, tzinfo=UTC)
+T0 = datetime(2026, 3, 1, 10, tzinfo=UTC)  # on DAY0
 GB = 1024**3
 
 
@@ -34,41 +35,6 @@ def field_report_attempt(team, *, instance_id=101, bytes_down=0, **over):
     }
     attempt, _ = make_attempt(job, **fields)
     return attempt
-
-
-DAY0 = T0.date()
-
-
-def bill(attempt, *items: tuple[str, str, str], day: date = DAY0) -> Charge:
-    """One day row as Vast keys it: start and end at that day's 00:00 UTC."""
-    midnight = datetime.combine(day, datetime.min.time(), tzinfo=UTC)
-    charge = Charge.objects.create(
-        team=attempt.job.team,
-        source=f"instance-{attempt.instance_id}",
-        instance_id=attempt.instance_id,
-        day=day,
-        start=midnight,
-        end=midnight,
-        amount=sum(Decimal(a) for _, _, a in items),
-        origin="api",
-        attempt=attempt,
-    )
-    for n, (kind, text, amount) in enumerate(items):
-        from hosts.vast import quantity_and_rate
-
-        q, unit, rate, rate_unit = quantity_and_rate(text) or (None, "", None, "")
-        ChargeItem.objects.create(
-            charge=charge,
-            position=n,
-            type=kind,
-            description=text,
-            amount=Decimal(amount),
-            quantity=q,
-            unit=unit,
-            rate=rate,
-            rate_unit=rate_unit,
-        )
-    return charge
 
 
 def reconciled(attempt, **kw):

@@ -12,8 +12,8 @@ import pytest
 from billing import reconcile
 from billing.models import DiscrepancyFlag, FlagStatus, InvoiceSync
 from nomadgpu.humanize import money
+from tests.support.charges import bill
 from tests.support.factories import JobFactory, make_attempt
-from tests.test_reconcile import bill
 
 pytestmark = pytest.mark.django_db
 

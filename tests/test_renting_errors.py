@@ -13,8 +13,8 @@ from agent.build import build_zipapp
 from hosts.vast import VastClient
 from jobs import lifecycle, renting
 from jobs.models import AttemptState, JobEvent
-from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS
 from tests.support.factories import JobFactory
+from tests.support.market import FIELD_REPORT_REQUIREMENTS
 from tests.support.sandbox import DEFAULT_KEY
 
 

@@ -21,8 +21,8 @@ from nomadgpu.humanize import instance_price
 from portal import figures
 from portal.forms import spec_to_initial
 from tests.support.factories import JobFactory, make_attempt
+from tests.support.market import load_market
 from tests.support.sandbox import market_offers
-from tests.test_selection import load_market
 
 pytestmark = pytest.mark.django_db
 

@@ -6,8 +6,6 @@ real agent laying the files out in the Hugging Face cache for a command that run
 from __future__ import annotations
 
 import hashlib
-import os
-import subprocess
 import sys
 
 import pytest
@@ -19,29 +17,17 @@ from nomadgpu.models import TeamSecret
 from nomadgpu.storage import object_store
 from tests.support import hub_fake
 from tests.support.factories import JobFactory, TeamFactory, UserFactory, make_attempt
-from tests.support.processes import ROOT, wait_until
-
-CONFIG = b'{"model_type": "qwen2", "hidden_size": 64}'
-TOKENIZER = b'{"version": "1.0", "model": {"type": "BPE"}}'
-# Over checkpoints.RANGED_MIN_SIZE (8 MiB): the agent fetches it over parallel ranged GETs.
-WEIGHTS = os.urandom(9 * 1024 * 1024 + 123)
-TINY = "org/tiny-model"
-GATED = "org/gated-model"
-
-
-def tiny_repo() -> hub_fake.Repo:
-    files = {"config.json": CONFIG, "tokenizer.json": TOKENIZER, "model.safetensors": WEIGHTS}
-    return hub_fake.Repo(files={**files, "README.md": b"# tiny"})
-
-
-@pytest.fixture
-def hub(settings):
-    fake = hub_fake.FakeHub(
-        repos={TINY: tiny_repo(), GATED: hub_fake.Repo(files={"config.json": CONFIG}, gated=True)}
-    )
-    with hub_fake.running(fake):
-        settings.HF_ENDPOINT = fake.url
-        yield fake
+from tests.support.processes import wait_until
+from tests.support.staging import (
+    CONFIG,
+    GATED,
+    TINY,
+    TINY_ENTRY,
+    TOKENIZER,
+    WEIGHTS,
+    run_agent,
+    staged_job,
+)
 
 
 @pytest.fixture
@@ -61,9 +47,6 @@ def stage_spec(*entries: dict, **fields) -> spec.JobSpec:
         stage=list(entries),
         **fields,
     )
-
-
-TINY_ENTRY = {"hf": TINY, "revision": "main", "files": ["*.json", "*.safetensors"]}
 
 
 def submit(team, *entries: dict, **fields) -> Job:
@@ -233,43 +216,6 @@ print("staged cache ok at", commit, flush=True)
 """
 
 
-@pytest.fixture(params=["local", "s3"])
-def backend(request, settings, live_server, tmp_path):
-    settings.SITE_URL = live_server.url
-    if request.param == "local":
-        settings.STORAGE_BACKEND = "local"
-        settings.STORAGE_LOCAL_DIR = tmp_path / "objects"
-        return request.param
-    bucket = request.getfixturevalue("s3_bucket")
-    settings.STORAGE_BACKEND = "s3"
-    settings.S3_BUCKET = bucket["bucket"]
-    settings.S3_ENDPOINT_URL = bucket["endpoint_url"]
-    settings.S3_ACCESS_KEY_ID = bucket["access_key_id"]
-    settings.S3_SECRET_ACCESS_KEY = bucket["secret_access_key"]
-    settings.S3_REGION = bucket["region"]
-    return request.param
-
-
-def staged_job(encrypted: bool, command: str, *more: dict) -> Job:
-    """A job whose TINY_ENTRY is mirrored (the worker's function, called here directly)."""
-    from nomadgpu.crypto import new_data_key
-
-    job = JobFactory(
-        state=JobState.QUEUED,
-        command=command,
-        stage=[TINY_ENTRY, *more],
-        stage_state="staging",
-        encrypt_checkpoints=encrypted,
-        data_key=new_data_key() if encrypted else "",
-        heartbeat_interval_s=1,
-    )
-    assert staging.stage_job(job.pk, now=now()) == "ready"
-    # The rent planned after staging is this test's own host instead.
-    Attempt.objects.filter(job=job).delete()
-    Job.objects.filter(pk=job.pk).update(state=JobState.QUEUED)
-    return Job.objects.get(pk=job.pk)
-
-
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted"])
@@ -300,24 +246,6 @@ def test_the_agent_lays_out_the_hf_cache_and_the_command_finds_it_offline(
     assert attempt.stage_done_at is not None
     blobs = tmp_path / "host" / "hf" / "hub" / "models--org--tiny-model" / "blobs"
     assert (blobs / hashlib.sha256(WEIGHTS).hexdigest()).read_bytes() == WEIGHTS
-
-
-def run_agent(live_server, token: str, workdir) -> subprocess.CompletedProcess:
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "NOMAD_SUPERVISOR_URL": live_server.url,
-        "NOMAD_AGENT_TOKEN": token,
-        "NOMAD_WORKDIR": str(workdir),
-        "PYTHONPATH": str(ROOT),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "agent"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 # --- Waiting for it ------------------------------------------------------------------------

@@ -16,8 +16,8 @@ from billing import reconcile
 from billing.models import InvoiceSync
 from jobs.models import Interruption, JobState
 from nomadgpu.humanize import money
+from tests.support.charges import bill
 from tests.support.factories import JobFactory, TeamFactory, make_attempt
-from tests.test_reconcile import bill
 
 pytestmark = pytest.mark.django_db
 

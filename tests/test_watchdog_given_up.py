@@ -14,8 +14,8 @@ from hosts.models import Machine
 from hosts.vast import VastClient
 from jobs import lifecycle, renting, watchdog
 from jobs.models import Interruption, JobEvent
-from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS
 from tests.support.factories import JobFactory
+from tests.support.market import FIELD_REPORT_REQUIREMENTS
 from tests.support.processes import wait_until
 from tests.support.sandbox import DEFAULT_KEY
 

@@ -3,7 +3,7 @@ previews offers and submits the toy job from its template, watches it progress w
 reload, sees an injected host loss and the recovery on the timeline, and cancels the job.
 
 The supervisor fixtures (live server, sandbox, Celery worker thread, watchdog tick thread) come
-from ``tests/e2e/conftest.py``. A failing test leaves a screenshot under
+from ``tests/support/supervisor.py``. A failing test leaves a screenshot under
 ``$NOMADGPU_VAR_DIR/screenshots``.
 """
 
@@ -17,8 +17,8 @@ import pytest
 from django.conf import settings
 
 from nomadgpu.models import Role
-from tests.e2e.conftest import celery_worker_thread, sandbox, supervisor  # noqa: F401
 from tests.support.factories import MembershipFactory
+from tests.support.supervisor import celery_worker_thread, sandbox, supervisor  # noqa: F401
 
 # Playwright's sync API runs an event loop in this thread; Django would refuse DB access.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")

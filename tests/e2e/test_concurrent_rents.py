@@ -8,8 +8,9 @@ import shutil
 import pytest
 
 from jobs.models import AttemptState
-from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS, TOY, toy_env
+from tests.support.market import FIELD_REPORT_REQUIREMENTS
 from tests.support.processes import celery_command, subprocess_env, wait_until
+from tests.support.toy import TOY, toy_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -17,18 +17,13 @@ from django.utils import timezone
 from jobs.models import Job, JobEvent, JobState
 from nomadgpu import api_tokens
 from nomadgpu.models import Role, TeamSecret
-from tests.e2e.conftest import (
-    FIELD_REPORT_REQUIREMENTS,
-    live_instances,
-    toy_digest,
-    toy_env,
-    wait_checkpoint,
-    wait_running,
-    wait_state,
-)
 from tests.support.cli import Follower
 from tests.support.factories import MembershipFactory
+from tests.support.instances import live_instances
+from tests.support.market import FIELD_REPORT_REQUIREMENTS
 from tests.support.processes import ROOT, wait_until
+from tests.support.toy import toy_digest, toy_env
+from tests.support.waiting import wait_checkpoint, wait_running, wait_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -6,6 +6,9 @@ validates payloads about as strictly as the real schemas should, so a drift in t
 wire format fails here first. A job's code comes as a code pack in the same storage
 (``store_code_pack``, as the member API stores one) or as a git commit (``use_git``; tests make
 a bare repository with ``git_repository`` and serve it over file://).
+
+Over 500 lines on purpose: ``FakeSupervisor`` is the protocol's whole supervisor side in one
+class, the working reference agent/PROTOCOL.md points to.
 """
 
 from __future__ import annotations
