@@ -1,7 +1,7 @@
 """hosts.selection on plain data: filter rules, the cost model, ranking and the decision record.
 
 No server and no database: offers are built with ``hosts.vast.parse_offer`` from dicts shaped
-like the shared market (``shared/market/offers.json``), or loaded from that file.
+like the sandbox's market file, or loaded from it (``tests.support.market``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from hosts.selection import (
 from hosts.vast import Offer, build_search_body, parse_offer
 from tests.support.market import FIELD_REPORT_JOB, RAW_OFFER, REFERENCE, load_market, make_offer
 
-TRAP_OFFER_ID = 17179682  # shared/market/README.md: the $45/TB host of the cheapest RTX 4090
+TRAP_OFFER_ID = 17179682  # the market's planted trap: the $45/TB host of the cheapest RTX 4090
 GIB = 1024**3
 
 FIELD_REPORT_REQ = Requirements(rental=ON_DEMAND, gpu_names=("RTX 4090",), disk_gb=50)
