@@ -14,7 +14,7 @@ from jobs import auto_checkpoint, lifecycle, renting, watchdog
 from jobs import checkpoint_interval as ci
 from jobs.models import Attempt, Checkpoint, JobEvent
 from jobs.spec import JobSpec
-from tests.support.factories import JobFactory, make_attempt
+from tests.support.factories import CheckpointFactory, JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 
@@ -59,13 +59,10 @@ def deliver(attempt: Attempt) -> None:
 
 
 def ready_checkpoint(attempt: Attempt, *, step: int, created, upload_s: float = 20.0):
-    return Checkpoint.objects.create(
-        job_id=attempt.job_id,
+    return CheckpointFactory(
         attempt=attempt,
         step=step,
         state="ready",
-        key=f"k/{step}",
-        size=1,
         created_at=created,
         ready_at=created + timedelta(seconds=upload_s),
     )
@@ -177,9 +174,7 @@ def test_a_checkpoint_announced_after_the_request_is_not_ignored():
     due = START + timedelta(seconds=interval(attempt))
     auto_checkpoint.ask_due_checkpoints(due)
     deliver(attempt)
-    Checkpoint.objects.create(
-        job_id=attempt.job_id, attempt=attempt, step=150, key="k", size=1, created_at=due
-    )
+    CheckpointFactory(attempt=attempt, step=150, created_at=due)
 
     auto_checkpoint.ask_due_checkpoints(due + timedelta(hours=1))
 

@@ -15,12 +15,19 @@ from django.urls import reverse
 from django.utils import timezone
 
 from jobs import lifecycle
-from jobs.models import Checkpoint, Interruption, Job, JobEvent
+from jobs.models import Interruption, Job, JobEvent
 from notify import messages, outbox, tasks
 from notify.models import Channel, Delivery, DeliveryState
 from notify.transports import sign, telegram_payload
 from tests.support import telegram_fake, webhook_receiver
-from tests.support.factories import JobFactory, TeamFactory, make_attempt
+from tests.support.factories import (
+    ChannelFactory,
+    CheckpointFactory,
+    JobEventFactory,
+    JobFactory,
+    TeamFactory,
+    make_attempt,
+)
 from tests.support.processes import wait_until
 from tests.support.telegram_fake import blocked, chat_not_found, flood, server_error
 
@@ -50,12 +57,12 @@ def site(settings):
 
 def telegram_channel(team, **fields) -> Channel:
     values = {"name": "ops chat", "chat_id": CHAT, "telegram_bot_token": BOT_TOKEN, **fields}
-    return Channel.objects.create(team=team, kind="telegram", **values)
+    return ChannelFactory(team=team, kind="telegram", **values)
 
 
 def webhook_channel(team, url: str, **fields) -> Channel:
     values = {"name": "pager", "webhook_url": url, "webhook_secret": WEBHOOK_SECRET, **fields}
-    return Channel.objects.create(team=team, kind="webhook", **values)
+    return ChannelFactory(team=team, kind="webhook", **values)
 
 
 def event(job: Job, kind: str = "no_offers", *, now=None, message: str = "", **data) -> JobEvent:
@@ -64,7 +71,7 @@ def event(job: Job, kind: str = "no_offers", *, now=None, message: str = "", **d
     Written directly (not through services) so the test controls the enqueue call whether or
     not services already calls the hook; enqueueing twice is a no-op."""
     with transaction.atomic():
-        created = JobEvent.objects.create(
+        created = JobEventFactory(
             job=job, kind=kind, created_at=now or timezone.now(), message=message, data=data
         )
         outbox.enqueue_for_event(created)
@@ -556,9 +563,7 @@ def recovered_job(db):
         rented_at=lost_at - timedelta(minutes=20),
         registered_at=lost_at - timedelta(minutes=19),
     )
-    Checkpoint.objects.create(
-        job=job, attempt=first, step=100, state="ready", key="k", size=1, ready_at=lost_at
-    )
+    CheckpointFactory(attempt=first, step=100, state="ready", ready_at=lost_at)
     lifecycle.handle_loss(lifecycle.Loss(first.pk, "provider_gone", "instance gone"), now=lost_at)
     Job.objects.filter(pk=job.pk).update(state="starting")  # the replacement is rented
     second, _ = make_attempt(

@@ -13,10 +13,16 @@ from django.utils import timezone
 
 from jobs import market_terms, spec, staging
 from jobs.models import Attempt, Job, JobEvent, JobState, StagedObject
-from nomadgpu.models import TeamSecret
 from nomadgpu.storage import object_store
 from tests.support import hub_fake
-from tests.support.factories import JobFactory, TeamFactory, UserFactory, make_attempt
+from tests.support.factories import (
+    JobFactory,
+    StagedObjectFactory,
+    TeamFactory,
+    TeamSecretFactory,
+    UserFactory,
+    make_attempt,
+)
 from tests.support.processes import wait_until
 from tests.support.staging import (
     CONFIG,
@@ -188,7 +194,7 @@ def test_a_gated_repo_is_mirrored_with_the_team_s_hf_token_when_the_job_names_it
 ):
     settings.VAST_URL, settings.VAST_API_KEY = sandbox.url, "sandbox-key"
     team = TeamFactory()
-    TeamSecret.objects.create(team=team, name="HF_TOKEN", value=hub.token)
+    TeamSecretFactory(team=team, name="HF_TOKEN", value=hub.token)
 
     job = wait_stage_state(submit(team, {"hf": GATED}, secrets=["HF_TOKEN"]), "ready")
 
@@ -269,7 +275,7 @@ def test_the_job_page_and_the_member_api_show_the_staging_progress(client, cast)
     from nomadgpu import api_tokens
 
     job = staging_job(team=cast.team_a)
-    obj = StagedObject.objects.create(
+    obj = StagedObjectFactory(
         team=cast.team_a, kind="hf", source="hf:x", files_total=4, files_done=1,
         bytes_total=4_000_000_000, bytes_done=1_500_000_000,
     )  # fmt: skip

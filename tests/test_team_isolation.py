@@ -6,7 +6,7 @@ import pytest
 from django.urls import reverse
 
 from nomadgpu.permissions import can_manage_team, can_see_billing, visible_to
-from tests.support.factories import JobFactory
+from tests.support.factories import ChannelFactory, JobFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -143,12 +143,8 @@ def test_every_model_has_an_admin_page(client, cast):
 
 
 def test_team_page_lists_its_notification_channels(client, cast):
-    from notify.models import Channel
-
-    Channel.objects.create(
-        team=cast.team_a, kind="webhook", name="ops-hook", webhook_url="https://x.test"
-    )
-    Channel.objects.create(
+    ChannelFactory(team=cast.team_a, kind="webhook", name="ops-hook", webhook_url="https://x.test")
+    ChannelFactory(
         team=cast.team_b, kind="webhook", name="their-hook", webhook_url="https://y.test"
     )
     client.force_login(cast.member)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import UTC, date, datetime
 from decimal import Decimal
 
-from billing.models import Charge, ChargeItem
+from billing.models import Charge
 from hosts.vast import quantity_and_rate
+from tests.support.factories import ChargeFactory, ChargeItemFactory
 
 DAY0 = date(2026, 3, 1)  # the day the reconciliation tests' runs were rented
 
@@ -14,7 +15,7 @@ DAY0 = date(2026, 3, 1)  # the day the reconciliation tests' runs were rented
 def bill(attempt, *items: tuple[str, str, str], day: date = DAY0) -> Charge:
     """One day row as Vast keys it: start and end at that day's 00:00 UTC."""
     midnight = datetime.combine(day, datetime.min.time(), tzinfo=UTC)
-    charge = Charge.objects.create(
+    charge = ChargeFactory(
         team=attempt.job.team,
         source=f"instance-{attempt.instance_id}",
         instance_id=attempt.instance_id,
@@ -27,7 +28,7 @@ def bill(attempt, *items: tuple[str, str, str], day: date = DAY0) -> Charge:
     )
     for n, (kind, text, amount) in enumerate(items):
         q, unit, rate, rate_unit = quantity_and_rate(text) or (None, "", None, "")
-        ChargeItem.objects.create(
+        ChargeItemFactory(
             charge=charge,
             position=n,
             type=kind,
