@@ -179,7 +179,7 @@ class Installation:
         settings.SITE_URL = f"http://127.0.0.1:{self.server.server_port}"
 
     def start_sandbox(self) -> None:
-        from tests.sandbox_support import DEFAULT_KEY, Sandbox
+        from tests.support.sandbox import DEFAULT_KEY, Sandbox
 
         self.sandbox = Sandbox(self.tmp / "sandbox", self.sandbox_flags, (DEFAULT_KEY,)).start()
 

@@ -6,10 +6,15 @@ import os
 from dataclasses import dataclass
 
 import pytest
-from django.conf import settings
 
-from nomadgpu.models import Role
-from tests.factories import MembershipFactory, TeamFactory, UserFactory
+# The helpers' asserts report their values as a test's do (helpers that lived in test modules and
+# conftests were rewritten there); this must run before anything imports tests.support.
+pytest.register_assert_rewrite("tests.support")
+
+from django.conf import settings  # noqa: E402
+
+from nomadgpu.models import Role  # noqa: E402
+from tests.support.factories import MembershipFactory, TeamFactory, UserFactory  # noqa: E402
 
 # The Hugging Face Trainer test needs torch, which only `make test-hf` installs; it sets this.
 collect_ignore = [] if os.environ.get("NOMADGPU_TEST_HF") else ["hf"]
@@ -25,10 +30,12 @@ if not settings.FIELD_ENCRYPTION_KEYS:
 settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 pytest_plugins = [
-    "tests.processes",
-    "tests.s3_support",
-    "tests.sandbox_support",
-    "tests.vast_billing_fake",
+    "tests.support.agent_runs",
+    "tests.support.processes",
+    "tests.support.s3",
+    "tests.support.sandbox",
+    "tests.support.staging",
+    "tests.support.vast_billing_fake",
 ]
 
 

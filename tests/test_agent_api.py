@@ -10,18 +10,10 @@ import httpx
 import pytest
 
 from jobs.models import HEARTBEAT_TIMEOUT_INTERVALS, Attempt, Checkpoint, CheckpointState
-from tests.factories import JobFactory, make_attempt
+from tests.support.agent_api import call
+from tests.support.factories import JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
-
-
-def call(client, token: str, name: str, body: dict | None = None):
-    return client.post(
-        f"/api/agent/{name}",
-        data=json.dumps(body or {}),
-        content_type="application/json",
-        headers={"Authorization": f"Bearer {token}"},
-    )
 
 
 def beat(seq: int, step: int | None = None, **extra) -> dict:

@@ -13,8 +13,8 @@ import pytest
 from jobs.checkpoints import records
 from jobs.models import Checkpoint, JobState
 from nomadgpu.storage import object_store
-from tests.factories import JobFactory, make_attempt
-from tests.processes import ROOT
+from tests.support.factories import JobFactory, make_attempt
+from tests.support.processes import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 TOY = f"{sys.executable} {ROOT}/examples/toy/train.py"

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.agent_fake_supervisor import FakeJob, FakeS3, FakeSupervisor, start_agent, toy_command
+from tests.support.agent_fake_supervisor import (
+    FakeJob,
+    FakeSupervisor,
+    start_agent,
+    toy_command,
+)
 
 FAST = {"TOY_STEP_SECONDS": "0.05", "TOY_STEPS": "10", "TOY_CHECKPOINT_EVERY": "10"}
 # A setup that finishes only once the checkpoint is restored beside it (its folder appears),
@@ -20,13 +25,6 @@ done
 echo "setup: no restore beside me" >&2
 exit 7
 """
-
-
-@pytest.fixture(scope="module")
-def s3():
-    server = FakeS3()
-    yield server
-    server.close()
 
 
 @pytest.fixture

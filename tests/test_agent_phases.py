@@ -8,7 +8,13 @@ import time
 
 import pytest
 
-from tests.agent_fake_supervisor import FakeJob, FakeS3, FakeSupervisor, start_agent, toy_command
+from tests.support.agent_fake_supervisor import (
+    FakeJob,
+    FakeS3,
+    FakeSupervisor,
+    start_agent,
+    toy_command,
+)
 
 FAST = {"TOY_STEP_SECONDS": "0.05"}
 

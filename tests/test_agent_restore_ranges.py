@@ -17,7 +17,7 @@ import pytest
 
 from agent import checkpoints as ck
 from agent.checkpoints import ranged
-from tests.processes import wait_until
+from tests.support.processes import wait_until
 
 KEY = os.urandom(32)
 BLOCK = 256 * 1024

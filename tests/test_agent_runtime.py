@@ -9,7 +9,6 @@ import json
 import os
 import shlex
 import signal
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -17,28 +16,21 @@ import pytest
 from agent.build import build_zipapp
 from agent.ckptcrypto import decrypt_stream
 from agent.phases.command import exit_report
-from tests.agent_fake_supervisor import (
+from tests.support.agent_fake_supervisor import (
     FakeJob,
-    FakeS3,
     FakeSupervisor,
     start_agent,
     toy_command,
     wait_until,
 )
+from tests.support.agent_runs import group_is_gone, steps_seen, tar_members
+from tests.support.toy import FAST
 
-FAST = {"TOY_STEP_SECONDS": "0.05"}
 NET_DEV = (
     "Inter-|   Receive   |  Transmit\n face |bytes packets ...|bytes packets ...\n"
     "    lo: 999 1 0 0 0 0 0 0 999 1 0 0 0 0 0 0\n"
     "  eth0: {rx} 1 0 0 0 0 0 0 {tx} 1 0 0 0 0 0 0\n"
 )
-
-
-@pytest.fixture(scope="module")
-def s3():
-    server = FakeS3()
-    yield server
-    server.close()
 
 
 @pytest.fixture
@@ -76,23 +68,6 @@ def fake_nvidia_smi(directory: Path, body: str) -> dict[str, str]:
     script.write_text(f"#!/bin/sh\n{body}\n")
     script.chmod(0o755)
     return {"PATH": f"{directory}{os.pathsep}{os.environ['PATH']}", "NOMAD_NVIDIA_SMI": ""}
-
-
-def tar_members(data: bytes) -> dict[str, bytes]:
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        return {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}
-
-
-def steps_seen(attempt) -> list[int]:
-    return [h["step"] for h in attempt.heartbeats if h["step"] is not None]
-
-
-def group_is_gone(pid: int) -> bool:
-    try:
-        os.killpg(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def test_it_runs_the_command_heartbeats_and_uploads_checkpoints(

@@ -15,9 +15,8 @@ import pytest
 
 from agent.checkpoints import UnsafeArchive
 from agent.workdir import extract_code
-from tests.agent_fake_supervisor import (
+from tests.support.agent_fake_supervisor import (
     FakeJob,
-    FakeS3,
     FakeSupervisor,
     code_pack,
     git_repository,
@@ -36,13 +35,6 @@ assert str(here) == os.environ["NOMAD_WORKDIR"], (here, os.environ["NOMAD_WORKDI
 print("code says:", pathlib.Path("lib/message.txt").read_text().strip())
 print("setup left:", pathlib.Path("setup-marker").read_text().strip())
 """
-
-
-@pytest.fixture(scope="module")
-def s3():
-    server = FakeS3()
-    yield server
-    server.close()
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 from django.urls import reverse
 
 from nomadgpu.models import ApiToken
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
 

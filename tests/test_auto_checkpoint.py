@@ -17,7 +17,7 @@ from jobs.models import Attempt, Checkpoint, JobEvent
 from jobs.renting import interruption_rates
 from jobs.spec import JobSpec
 from jobs.watchdog import passes
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import CheckpointFactory, JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 
@@ -62,13 +62,10 @@ def deliver(attempt: Attempt) -> None:
 
 
 def ready_checkpoint(attempt: Attempt, *, step: int, created, upload_s: float = 20.0):
-    return Checkpoint.objects.create(
-        job_id=attempt.job_id,
+    return CheckpointFactory(
         attempt=attempt,
         step=step,
         state="ready",
-        key=f"k/{step}",
-        size=1,
         created_at=created,
         ready_at=created + timedelta(seconds=upload_s),
     )
@@ -180,9 +177,7 @@ def test_a_checkpoint_announced_after_the_request_is_not_ignored():
     due = START + timedelta(seconds=interval(attempt))
     requests.ask_due_checkpoints(due)
     deliver(attempt)
-    Checkpoint.objects.create(
-        job_id=attempt.job_id, attempt=attempt, step=150, key="k", size=1, created_at=due
-    )
+    CheckpointFactory(attempt=attempt, step=150, created_at=due)
 
     requests.ask_due_checkpoints(due + timedelta(hours=1))
 

@@ -11,7 +11,7 @@ import time_machine
 from django.urls import reverse
 
 from billing.models import TeamBudget
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 

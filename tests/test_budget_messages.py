@@ -11,14 +11,14 @@ import pytest
 from django.urls import reverse
 
 from billing import enforce
-from billing.models import LimitKind, TeamBudget
+from billing.models import LimitKind
 from billing.services import LimitStatus
 from jobs.job_templates import template_spec
 from jobs.models import Job
 from jobs.spec import JobSpec, ValidationError
 from notify import messages
 from portal.forms import spec_to_initial
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import JobFactory, TeamBudgetFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 
@@ -82,7 +82,7 @@ def test_a_limits_description_agrees_with_itself(limit, spent, text):
 
 
 def test_the_team_limits_take_a_tenth_of_a_cent_in_the_admin(client, cast):
-    budget = TeamBudget.objects.create(team=cast.team_a, daily_usd=Decimal("1"))
+    budget = TeamBudgetFactory(team=cast.team_a, daily_usd=Decimal("1"))
     client.force_login(cast.admin)
 
     saved = client.post(

@@ -11,11 +11,11 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from billing.models import BudgetReservation, TeamBudget
+from billing.models import BudgetReservation
 from billing.services import reserve_for_rent
 from jobs.models import Job
-from tests.factories import JobFactory, TeamFactory, make_attempt
-from tests.processes import celery_command, subprocess_env, wait_until
+from tests.support.factories import JobFactory, TeamBudgetFactory, TeamFactory, make_attempt
+from tests.support.processes import celery_command, subprocess_env, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,7 +45,7 @@ def zone_at_midday() -> str:
 
 def test_two_rents_planned_at_once_cannot_both_take_the_last_budget():
     team = TeamFactory()
-    TeamBudget.objects.create(team=team, daily_usd=Decimal("0.70"))  # room for one job
+    TeamBudgetFactory(team=team, daily_usd=Decimal("0.70"))  # room for one job
     jobs = [JobFactory(team=team, **STEPS_FOR_41_CENTS) for _ in range(2)]
     start = threading.Barrier(2)
     results: dict[int, bool] = {}
@@ -71,7 +71,7 @@ def test_two_rents_planned_at_once_cannot_both_take_the_last_budget():
 @pytest.mark.slow
 def test_a_worker_that_starts_enforces_the_limits_at_once(processes, tmp_path):
     team = TeamFactory(time_zone=zone_at_midday())
-    TeamBudget.objects.create(team=team, daily_usd=Decimal("0.50"))
+    TeamBudgetFactory(team=team, daily_usd=Decimal("0.50"))
     spent_today(team, hours=0.5)  # $0.86 today
     waiting = JobFactory(team=team, state="recovering")
     env = subprocess_env(NOMADGPU_VAR_DIR=str(tmp_path / "var"))  # its own broker: no beat

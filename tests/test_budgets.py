@@ -24,8 +24,8 @@ from jobs.models import Attempt, Checkpoint, Job, JobEvent
 from jobs.renting import rent
 from jobs.spending import BudgetExceeded
 from nomadgpu.models import ServiceHeartbeat, Team
-from tests.factories import JobFactory, make_attempt
-from tests.sandbox_support import market_offers
+from tests.support.factories import CheckpointFactory, JobFactory, make_attempt
+from tests.support.sandbox import market_offers
 
 pytestmark = pytest.mark.django_db
 
@@ -163,9 +163,7 @@ def test_the_next_day_warns_again(cast):
 
 def test_at_the_limit_the_agent_is_asked_to_checkpoint_then_the_machine_is_released(cast):
     job, attempt = running_job(cast.team_a, since=NOW - timedelta(minutes=33), budget_usd=1)
-    Checkpoint.objects.create(
-        job=job, attempt=attempt, step=100, state="ready", key="k1", size=1, ready_at=NOW
-    )
+    CheckpointFactory(attempt=attempt, step=100, state="ready", ready_at=NOW)
 
     enforce.budget_pass(now=NOW)  # $0.95 of $1 spent: the limit is 95 s away, < the grace
 
@@ -175,15 +173,7 @@ def test_at_the_limit_the_agent_is_asked_to_checkpoint_then_the_machine_is_relea
     assert state(job) == "running"
     assert pause.deadline < NOW + timedelta(seconds=95)  # before the crossing, not the grace
 
-    Checkpoint.objects.create(
-        job=job,
-        attempt=attempt,
-        step=130,
-        state="ready",
-        key="k2",
-        size=1,
-        ready_at=NOW + timedelta(seconds=8),
-    )
+    CheckpointFactory(attempt=attempt, step=130, state="ready", ready_at=NOW + timedelta(seconds=8))
     enforce.budget_pass(now=NOW + timedelta(seconds=10))
 
     attempt.refresh_from_db()
@@ -238,10 +228,9 @@ def command_for(client, token: str, seq: int) -> str:
 
 def uploaded(attempt, step: int, *, asked: float, ready: float) -> Checkpoint:
     """A checkpoint the agent asked targets for at ASKED s and completed at READY s."""
-    return Checkpoint.objects.create(
-        job=attempt.job, attempt=attempt, step=step, state="ready", key=f"k{step}", size=1,
-        created_at=at(asked), ready_at=at(ready),
-    )  # fmt: skip
+    return CheckpointFactory(
+        attempt=attempt, step=step, state="ready", created_at=at(asked), ready_at=at(ready)
+    )
 
 
 def tight_job(team, **job_fields):

@@ -11,7 +11,7 @@ from django.conf import settings
 
 from nomadgpu.models import ServiceHeartbeat
 from nomadgpu.tasks import record_ping
-from tests.processes import ROOT, celery_command, subprocess_env, wait_until
+from tests.support.processes import ROOT, celery_command, subprocess_env, wait_until
 
 
 def test_a_task_sent_through_the_broker_is_run_by_a_worker(celery_worker_thread):

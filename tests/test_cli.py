@@ -17,10 +17,10 @@ from jobs import lifecycle
 from jobs.models import Attempt, Job, JobState
 from nomadgpu import api_tokens
 from nomadgpu_cli import cli, render
-from tests.cli_support import Follower
-from tests.factories import JobFactory, make_attempt
-from tests.processes import wait_until
-from tests.s3_support import free_port
+from tests.support.cli import Follower
+from tests.support.factories import InterruptionFactory, JobFactory, make_attempt
+from tests.support.processes import wait_until
+from tests.support.s3 import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -193,13 +193,11 @@ def test_status_prints_the_loss_as_the_job_page_does(run, client, cast):
 
 
 def test_status_says_how_the_step_resumed_from_compares_with_the_step_reached(run, cast):
-    from jobs.models import Interruption
-
     job = JobFactory(team=cast.team_a, name="drilled", total_steps=300, state="running")
     lost, _ = make_attempt(job, state="ended", instance_id=80, step=48)
     make_attempt(job, number=2, state="running", instance_id=81, step=55)
-    Interruption.objects.create(
-        job=job, attempt=lost, cause="provider_gone", detected_at=timezone.now(),
+    InterruptionFactory(
+        attempt=lost, cause="provider_gone", detected_at=timezone.now(),
         running_again_at=timezone.now(), step_reached=48, resumed_step=50,
     )  # fmt: skip
 

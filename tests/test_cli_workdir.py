@@ -1,6 +1,6 @@
 """``nomadgpu submit`` with a ``workdir``: the folder packed, uploaded once, named by its sha256.
 
-The CLI runs in-process against ``tests.member_api_standin`` (real HTTP on loopback), which
+The CLI runs in-process against ``tests.support.member_api_standin`` (real HTTP on loopback), which
 answers as issue 28's contract says the member API will; the unreadable-file case runs the CLI
 as a subprocess that cannot read what root could.
 """
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from nomadgpu_cli import cli, pack
-from tests.member_api_standin import MB, StandIn, serve
-from tests.processes import ROOT
+from tests.support.member_api_standin import MB, StandIn, serve
+from tests.support.processes import ROOT
 
 TOKEN = "ngpt_standin_token"
 JOB = """

@@ -13,8 +13,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from jobs import lifecycle
-from tests.factories import JobFactory
-from tests.processes import ROOT, subprocess_env
+from tests.support.factories import JobFactory
+from tests.support.processes import ROOT, subprocess_env
 
 LEVELS = (
     "import logging; "

@@ -13,7 +13,7 @@ import yaml
 from django.conf import settings
 
 from nomadgpu.settings import ENV_VARS
-from tests.processes import ROOT
+from tests.support.processes import ROOT
 
 APP_SERVICES = ("migrate", "web", "worker", "beat")
 PRODUCTION_ENV = {

@@ -16,9 +16,8 @@ from jobs.models import CheckpointState, JobState
 from nomadgpu import api_tokens
 from nomadgpu.storage import object_store
 from notify import outbox
-from notify.models import Channel
-from tests import telegram_fake
-from tests.factories import JobFactory, make_attempt
+from tests.support import telegram_fake
+from tests.support.factories import ChannelFactory, JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 
@@ -42,7 +41,7 @@ def local_storage(settings, tmp_path, live_server):
 @pytest.fixture
 def job(cast, telegram, local_storage):
     """A team-A job of 2,400 steps keeping one checkpoint, its host running, a chat subscribed."""
-    Channel.objects.create(
+    ChannelFactory(
         team=cast.team_a,
         kind="telegram",
         name="ops chat",

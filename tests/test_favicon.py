@@ -7,7 +7,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from tests.factories import TeamFactory
+from tests.support.factories import TeamFactory
 
 pytestmark = pytest.mark.django_db
 ICON_LINK = '<link rel="icon" href="/static/nomadgpu/favicon.svg" type="image/svg+xml">'

@@ -1,6 +1,6 @@
 """Finance imports when finance wants it: the "Import now" button (finance and admin; a member
 is refused) sends the beat's own task after the commit, a real worker on the real broker runs
-it once against Vast's billing endpoints (``tests/vast_billing_fake.py``), and
+it once against Vast's billing endpoints (``tests/support/vast_billing_fake.py``), and
 ``manage.py sync_invoices`` runs the same import in-process, idempotent as the beat's."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.models import Charge, ChargeItem, InvoiceSync
-from tests.factories import JobFactory, make_attempt
-from tests.processes import wait_until
-from tests.vast_billing_fake import FakeVastBilling, charge
+from tests.support.factories import InvoiceSyncFactory, JobFactory, make_attempt
+from tests.support.processes import wait_until
+from tests.support.vast_billing_fake import FakeVastBilling, charge
 
 IMPORT_URL = "/finance/team-a/import/"
 
@@ -88,7 +88,7 @@ def test_the_import_is_only_a_post(client, cast):
 @pytest.mark.django_db
 def test_the_page_shows_when_the_last_import_ran_and_its_error(client, cast):
     ran = datetime(2026, 3, 8, 12, 0, 5, tzinfo=UTC)
-    InvoiceSync.objects.create(team=cast.team_a, last_run_at=ran, last_error="upstream broke")
+    InvoiceSyncFactory(team=cast.team_a, last_run_at=ran, last_error="upstream broke")
     client.force_login(cast.finance)
 
     body = client.get("/finance/team-a/").content.decode()

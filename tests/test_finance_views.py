@@ -12,10 +12,10 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.utils import timezone
 
 from billing import reconcile
-from billing.models import Charge, DiscrepancyFlag, FlagStatus, InvoiceSync
+from billing.models import Charge, DiscrepancyFlag, FlagStatus
 from jobs.models import JobEvent
-from tests.factories import JobFactory, make_attempt
-from tests.test_reconcile import bill
+from tests.support.charges import bill
+from tests.support.factories import InvoiceSyncFactory, JobFactory, make_attempt
 
 HX = {"HTTP_HX_REQUEST": "true"}
 
@@ -53,7 +53,7 @@ def ledger(cast):
     )
     other = JobFactory(team=cast.team_a, name="tiny-matched")
     make_attempt(other, state="ended", instance_id=556, rented_at=start, ended_at=start)
-    InvoiceSync.objects.create(team=cast.team_a, synced_until=now)
+    InvoiceSyncFactory(team=cast.team_a, synced_until=now)
     reconcile.flag_discrepancies(cast.team_a, now=now)
     return job
 
@@ -128,7 +128,7 @@ def test_an_item_whose_text_did_not_parse_says_unparsed_and_keeps_its_amount(cli
         ("gpu", "0.440 hours at $0.400/hour", "0.176"),
         ("bwd", "Internet: download bandwidth", "0.659"),
     )
-    InvoiceSync.objects.create(team=cast.team_a, synced_until=timezone.now())
+    InvoiceSyncFactory(team=cast.team_a, synced_until=timezone.now())
     client.force_login(cast.finance)
 
     body = client.get(url(rest=f"jobs/{job.pk}/")).content.decode()

@@ -14,7 +14,7 @@ from jobs.agent_api.heartbeat_store import (
     store_heartbeat,
 )
 from jobs.models import Attempt
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 

@@ -18,7 +18,7 @@ from jobs.renting.image_cache import (
     outcomes_by_machine,
     team_rate,
 )
-from tests.factories import JobFactory, TeamFactory, make_attempt
+from tests.support.factories import JobFactory, TeamFactory, make_attempt
 
 T0 = datetime(2026, 11, 4, 12, 0, tzinfo=UTC)
 IMAGE = "pytorch/pytorch:2.4.0-cuda12.4-cudnn9-runtime"

@@ -15,10 +15,9 @@ from django.utils import timezone
 from hosts.vast import VastClient
 from jobs import lifecycle
 from jobs.renting import rent as renting
-from nomadgpu.models import TeamSecret
-from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS
-from tests.factories import JobFactory
-from tests.sandbox_support import DEFAULT_KEY, market_offers
+from tests.support.factories import JobFactory, TeamSecretFactory
+from tests.support.market import FIELD_REPORT_REQUIREMENTS
+from tests.support.sandbox import DEFAULT_KEY, market_offers
 
 pytestmark = pytest.mark.django_db
 
@@ -83,8 +82,8 @@ def rent(vast, job):
 
 
 def test_a_job_with_a_registry_login_and_secrets_rents_with_only_the_login(sandbox, vast, cast):
-    TeamSecret.objects.create(team=cast.team_a, name="GHCR_LOGIN", value=IMAGE_LOGIN)
-    TeamSecret.objects.create(team=cast.team_a, name="HF_TOKEN", value=HF_TOKEN)
+    TeamSecretFactory(team=cast.team_a, name="GHCR_LOGIN", value=IMAGE_LOGIN)
+    TeamSecretFactory(team=cast.team_a, name="HF_TOKEN", value=HF_TOKEN)
     job = JobFactory(
         team=cast.team_a,
         image="ghcr.io/acme/trainer:1",

@@ -11,8 +11,8 @@ import pytest
 from billing import invoices
 from billing.models import Charge, ChargeItem, InvoiceSync, Payment
 from hosts.vast import VastError
-from tests.factories import JobFactory, TeamFactory, make_attempt
-from tests.vast_billing_fake import FakeVastBilling, charge, epoch
+from tests.support.factories import JobFactory, TeamFactory, make_attempt
+from tests.support.vast_billing_fake import FakeVastBilling, charge, epoch
 
 DAY1 = date(2026, 3, 1)
 NOW = datetime(2026, 3, 8, 12, tzinfo=UTC)

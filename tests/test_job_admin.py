@@ -11,7 +11,7 @@ from django.urls import reverse
 
 from jobs.models import Job, JobState
 from jobs.spec import JobSpec
-from tests.factories import JobFactory
+from tests.support.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
 

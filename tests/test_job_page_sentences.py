@@ -11,7 +11,7 @@ from django.utils import timezone
 from hosts.selection import ON_DEMAND, PreemptionRates
 from jobs import anatomy, lifecycle
 from jobs.models import Attempt, Checkpoint, Interruption, Job, JobState
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import CheckpointFactory, JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 
@@ -27,10 +27,7 @@ def page(client, job) -> str:
 
 
 def ready_checkpoint(attempt, step: int) -> Checkpoint:
-    return Checkpoint.objects.create(
-        job=attempt.job, attempt=attempt, step=step, state="ready", key=f"k/{step}", size=1,
-        ready_at=timezone.now(),
-    )  # fmt: skip
+    return CheckpointFactory(attempt=attempt, step=step, state="ready", ready_at=timezone.now())
 
 
 def lost_at(job, step: int, *, checkpoint: int | None) -> Attempt:

@@ -15,8 +15,7 @@ from django.utils import timezone
 
 from jobs.models import Job, JobEvent
 from nomadgpu import api_tokens
-from nomadgpu.models import TeamSecret
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import JobFactory, TeamSecretFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 
@@ -39,7 +38,7 @@ def no_worker(monkeypatch):
 
 @pytest.fixture
 def hf_token(cast):
-    return TeamSecret.objects.create(team=cast.team_a, name="HF_TOKEN", value=HF_TOKEN)
+    return TeamSecretFactory(team=cast.team_a, name="HF_TOKEN", value=HF_TOKEN)
 
 
 def bearer(user) -> dict[str, str]:
@@ -90,7 +89,7 @@ def test_the_member_api_refuses_a_registry_login_secret_the_team_does_not_have(c
 
 
 def test_another_teams_secret_of_that_name_does_not_count(client, cast):
-    TeamSecret.objects.create(team=cast.team_b, name="HF_TOKEN", value=THEIR_TOKEN)
+    TeamSecretFactory(team=cast.team_b, name="HF_TOKEN", value=THEIR_TOKEN)
 
     response = submit(client, cast.member, secrets=["HF_TOKEN"])
 
@@ -169,7 +168,7 @@ def test_register_gives_the_jobs_agent_its_setup_and_secret_values(client, cast,
 
 
 def test_another_teams_agent_gets_none_of_the_values(client, cast, hf_token):
-    TeamSecret.objects.create(team=cast.team_b, name="HF_TOKEN", value=THEIR_TOKEN)
+    TeamSecretFactory(team=cast.team_b, name="HF_TOKEN", value=THEIR_TOKEN)
     theirs = JobFactory(team=cast.team_b, secrets=["HF_TOKEN"])
     plain = JobFactory(team=cast.team_b)
     # A job whose team has since lost the secret (deleted after the submit) gets nothing.
@@ -222,9 +221,7 @@ def test_a_leaked_value_in_a_heartbeat_is_masked_on_the_page_in_the_api_and_the_
 
 
 def test_the_registry_logins_password_is_masked_on_its_own_too(client, cast):
-    TeamSecret.objects.create(
-        team=cast.team_a, name="GHCR", value="-u bot -p ghp_pullTOKEN42 ghcr.io"
-    )
+    TeamSecretFactory(team=cast.team_a, name="GHCR", value="-u bot -p ghp_pullTOKEN42 ghcr.io")
     job = JobFactory(team=cast.team_a, image_login_secret="GHCR")
     attempt, token = make_attempt(job, state="running", instance_id=1)
 
@@ -237,7 +234,7 @@ def test_the_registry_logins_password_is_masked_on_its_own_too(client, cast):
 
 
 def test_the_heartbeat_costs_the_same_queries_with_secrets_and_never_reads_them(client, cast):
-    TeamSecret.objects.create(team=cast.team_a, name="HF_TOKEN", value=HF_TOKEN)
+    TeamSecretFactory(team=cast.team_a, name="HF_TOKEN", value=HF_TOKEN)
     counts = []
     for secrets in ([], ["HF_TOKEN"]):
         _, token = make_attempt(JobFactory(team=cast.team_a, secrets=secrets), state="running")

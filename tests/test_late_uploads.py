@@ -15,8 +15,8 @@ from jobs import lifecycle
 from jobs.checkpoints import records
 from jobs.models import Attempt, Checkpoint
 from nomadgpu.storage import LocalObjectStore, S3ObjectStore
-from tests.factories import JobFactory, TeamFactory, make_attempt
-from tests.processes import wait_until
+from tests.support.factories import CheckpointFactory, JobFactory, TeamFactory, make_attempt
+from tests.support.processes import wait_until
 
 KIB = 1024
 
@@ -28,8 +28,7 @@ def live_attempt(**job_fields) -> Attempt:
 
 def uploading(attempt: Attempt, step: int, *, size: int = 4 * KIB) -> Checkpoint:
     """What ``plan_upload`` leaves behind: an uploading row at the attempt's key."""
-    return Checkpoint.objects.create(
-        job_id=attempt.job_id,
+    return CheckpointFactory(
         attempt=attempt,
         step=step,
         key=records.checkpoint_key(attempt, step, encrypted=False),

@@ -23,13 +23,14 @@ from agent.phases.command import launched_command
 from jobs.lifecycle import exit_words
 from jobs.spec import JobSpec, ValidationError, error_messages, submit_spec
 from portal.forms import JobForm
-from tests.agent_fake_supervisor import FakeJob, FakeSupervisor, start_agent, toy_command
-from tests.factories import JobFactory, make_attempt
-from tests.processes import wait_until
-from tests.test_agent_api import call
-from tests.test_agent_runtime import FAST, group_is_gone, s3, steps_seen  # noqa: F401
+from tests.support.agent_api import call
+from tests.support.agent_fake_supervisor import FakeJob, FakeSupervisor, start_agent, toy_command
+from tests.support.agent_runs import group_is_gone, steps_seen
+from tests.support.factories import JobFactory, make_attempt
+from tests.support.processes import wait_until
+from tests.support.toy import FAST
 
-LAUNCHER = Path(__file__).with_name("session_launcher.py")
+LAUNCHER = Path(__file__).parent / "support" / "session_launcher.py"
 BASE = {"name": "j", "image": "img:1"}
 
 # What torchrun 2.x prints last when a rank fails (torch.distributed.elastic's ChildFailedError).
@@ -259,7 +260,7 @@ def test_the_processes_below_a_process_are_found_across_sessions(tmp_path):
         launcher.wait()
 
 
-def ranked(s3, *launcher_flags: str, **job) -> FakeSupervisor:  # noqa: F811
+def ranked(s3, *launcher_flags: str, **job) -> FakeSupervisor:
     command = shlex.join([sys.executable, str(LAUNCHER), *launcher_flags]) + " " + toy_command()
     return FakeSupervisor(s3, FakeJob(command=command, **job))
 
@@ -271,7 +272,7 @@ def rank_pid(run) -> int:
     return int(found[1])
 
 
-def test_a_checkpoint_request_reaches_a_rank_in_a_session_of_its_own(s3, tmp_path):  # noqa: F811
+def test_a_checkpoint_request_reaches_a_rank_in_a_session_of_its_own(s3, tmp_path):
     supervisor = ranked(s3, env={**FAST, "TOY_STEPS": "400", "TOY_CHECKPOINT_EVERY": "1000"})
     attempt = supervisor.new_attempt()
     run = start_agent(supervisor, attempt, tmp_path / "work")
@@ -290,7 +291,7 @@ def test_a_checkpoint_request_reaches_a_rank_in_a_session_of_its_own(s3, tmp_pat
 
 
 def test_ranks_a_dead_launcher_left_behind_are_killed_when_the_command_ends(
-    s3,  # noqa: F811
+    s3,
     tmp_path,
 ):
     supervisor = ranked(s3, "--leave", env={**FAST, "TOY_STEPS": "100000"})

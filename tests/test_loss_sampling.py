@@ -10,7 +10,7 @@ from django.utils import timezone
 from jobs.agent_api.heartbeat import record_heartbeat
 from jobs.agent_api.heartbeat_store import Heartbeat
 from jobs.models import Attempt, LossPoint, loss_sample_every
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 

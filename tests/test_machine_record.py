@@ -12,9 +12,9 @@ from hosts.vast import VastClient
 from jobs import lifecycle
 from jobs.rent_decision import RentDecision
 from jobs.renting import rent
-from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS
-from tests.factories import JobFactory, UserFactory
-from tests.sandbox_support import DEFAULT_KEY
+from tests.support.factories import JobFactory, UserFactory
+from tests.support.market import FIELD_REPORT_REQUIREMENTS
+from tests.support.sandbox import DEFAULT_KEY
 
 pytestmark = pytest.mark.django_db
 

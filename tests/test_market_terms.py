@@ -17,8 +17,8 @@ from jobs.rent_decision import RentDecision
 from jobs.renting import corrections, reference, rent, shape_history, terms
 from jobs.spec import JobSpec, ProfileSpec, RequirementsSpec
 from jobs.stored_spec import StoredSpecInvalid
-from tests.factories import JobFactory, make_attempt
-from tests.sandbox_support import DEFAULT_KEY, market_offers
+from tests.support.factories import JobFactory, make_attempt
+from tests.support.sandbox import DEFAULT_KEY, market_offers
 
 pytestmark = pytest.mark.django_db
 

@@ -19,13 +19,13 @@ from hosts import selection
 from hosts.vast import VastClient, parse_offer
 from jobs import lifecycle, rent_decision
 from jobs.job_templates import template_spec
-from jobs.models import Checkpoint, Job
+from jobs.models import Job
 from jobs.renting import corrections, reference, rent, shape_history, terms
 from jobs.spec import JobSpec, ProfileSpec, RequirementsSpec
 from jobs.spending import BudgetExceeded
 from portal.forms import spec_to_initial
-from tests.factories import JobFactory, make_attempt
-from tests.sandbox_support import DEFAULT_KEY, market_offers
+from tests.support.factories import CheckpointFactory, JobFactory, make_attempt
+from tests.support.sandbox import DEFAULT_KEY, market_offers
 
 pytestmark = pytest.mark.django_db
 
@@ -208,15 +208,13 @@ def test_a_host_lost_mid_run_teaches_no_start_up(cast):
 
 
 def test_a_second_run_takes_the_first_runs_checkpoint_sizes_and_uploads(cast):
-    job, attempt = finished_run(cast.team_a, steps=100, upload_usd_per_gb=0.002)
+    _job, attempt = finished_run(cast.team_a, steps=100, upload_usd_per_gb=0.002)
     for step, upload_s in ((50, 2.0), (100, 4.0)):
         ready_at = T0 + timedelta(seconds=step)
-        Checkpoint.objects.create(
-            job=job,
+        CheckpointFactory(
             attempt=attempt,
             step=step,
             state="pruned" if step == 50 else "ready",
-            key=f"ck/{step}",
             size=100 * 1024**2,
             created_at=ready_at - timedelta(seconds=upload_s),
             ready_at=ready_at,
@@ -270,9 +268,7 @@ def test_the_estimate_prices_again_the_offers_the_last_rent_weighed_and_takes_th
 def test_a_paused_jobs_projection_prices_its_rest_at_its_own_measured_speed(cast):
     job, attempt = finished_run(cast.team_a, spp=0.2, steps=150, exit_code=None)
     Job.objects.filter(pk=job.pk).update(state="paused_budget", total_steps=300)
-    Checkpoint.objects.create(
-        job=job, attempt=attempt, step=150, state="ready", key="ck/150", size=8192, ready_at=T0
-    )
+    CheckpointFactory(attempt=attempt, step=150, state="ready", size=8192, ready_at=T0)
     job.refresh_from_db()
     now = T0 + timedelta(hours=1)
 

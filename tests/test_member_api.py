@@ -11,7 +11,7 @@ from jobs import lifecycle
 from jobs.models import Job, JobEvent
 from nomadgpu import api_tokens
 from nomadgpu.models import ApiToken, Role
-from tests.factories import JobFactory, MembershipFactory, make_attempt
+from tests.support.factories import JobFactory, MembershipFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 

@@ -15,14 +15,21 @@ from django.urls import reverse
 from django.utils import timezone
 
 from jobs import lifecycle
-from jobs.models import Checkpoint, Interruption, Job, JobEvent
+from jobs.models import Interruption, Job, JobEvent
 from notify import messages, outbox, tasks
 from notify.models import Channel, Delivery, DeliveryState
 from notify.transports import sign, telegram_payload
-from tests import telegram_fake, webhook_receiver
-from tests.factories import JobFactory, TeamFactory, make_attempt
-from tests.processes import wait_until
-from tests.telegram_fake import blocked, chat_not_found, flood, server_error
+from tests.support import telegram_fake, webhook_receiver
+from tests.support.factories import (
+    ChannelFactory,
+    CheckpointFactory,
+    JobEventFactory,
+    JobFactory,
+    TeamFactory,
+    make_attempt,
+)
+from tests.support.processes import wait_until
+from tests.support.telegram_fake import blocked, chat_not_found, flood, server_error
 
 BOT_TOKEN = "123456789:AAH-test-token-for-notify-tests"
 WEBHOOK_SECRET = "whsec-0123456789abcdef0123456789abcdef"
@@ -50,21 +57,22 @@ def site(settings):
 
 def telegram_channel(team, **fields) -> Channel:
     values = {"name": "ops chat", "chat_id": CHAT, "telegram_bot_token": BOT_TOKEN, **fields}
-    return Channel.objects.create(team=team, kind="telegram", **values)
+    return ChannelFactory(team=team, kind="telegram", **values)
 
 
 def webhook_channel(team, url: str, **fields) -> Channel:
     values = {"name": "pager", "webhook_url": url, "webhook_secret": WEBHOOK_SECRET, **fields}
-    return Channel.objects.create(team=team, kind="webhook", **values)
+    return ChannelFactory(team=team, kind="webhook", **values)
 
 
 def event(job: Job, kind: str = "no_offers", *, now=None, message: str = "", **data) -> JobEvent:
-    """An event and its outbox rows in one transaction, as ``jobs.services`` writes them.
+    """An event and its outbox rows in one transaction, as ``jobs.lifecycle`` writes them (notify's
+    signal on the new event).
 
     Written directly (not through services) so the test controls the enqueue call whether or
     not services already calls the hook; enqueueing twice is a no-op."""
     with transaction.atomic():
-        created = JobEvent.objects.create(
+        created = JobEventFactory(
             job=job, kind=kind, created_at=now or timezone.now(), message=message, data=data
         )
         outbox.enqueue_for_event(created)
@@ -147,7 +155,7 @@ def test_a_real_host_loss_writes_its_delivery_in_the_loss_transaction():
 
     lifecycle.handle_loss(lifecycle.Loss(attempt.pk, "heartbeat_timeout"), now=timezone.now())
     host_lost = attempt.job.events.get(kind="host_lost")
-    outbox.enqueue_for_event(host_lost)  # what the hook in jobs.services does
+    outbox.enqueue_for_event(host_lost)  # what notify's post_save hook on JobEvent does
 
     assert Delivery.objects.filter(event=host_lost).count() == 1
 
@@ -556,9 +564,7 @@ def recovered_job(db):
         rented_at=lost_at - timedelta(minutes=20),
         registered_at=lost_at - timedelta(minutes=19),
     )
-    Checkpoint.objects.create(
-        job=job, attempt=first, step=100, state="ready", key="k", size=1, ready_at=lost_at
-    )
+    CheckpointFactory(attempt=first, step=100, state="ready", ready_at=lost_at)
     lifecycle.handle_loss(lifecycle.Loss(first.pk, "provider_gone", "instance gone"), now=lost_at)
     Job.objects.filter(pk=job.pk).update(state="starting")  # the replacement is rented
     second, _ = make_attempt(

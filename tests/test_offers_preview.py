@@ -18,8 +18,8 @@ from jobs.spec import JobSpec
 from nomadgpu.humanize import money
 from portal import figures
 from portal.forms import spec_to_initial
-from tests.factories import JobFactory, make_attempt
-from tests.sandbox_support import DEFAULT_KEY
+from tests.support.factories import JobFactory, make_attempt
+from tests.support.sandbox import DEFAULT_KEY
 
 pytestmark = pytest.mark.django_db
 HX = {"HTTP_HX_REQUEST": "true"}

@@ -8,14 +8,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connection
 
 from jobs import attention
 from jobs.models import Attempt, Interruption, Job, JobEvent, JobState
 from jobs.watchdog import passes, poll
-from nomadgpu import crypto
-from nomadgpu.models import Team
-from tests.factories import JobFactory, TeamFactory, make_attempt
+from tests.support.bad_rows import poison_vast_key
+from tests.support.factories import JobFactory, TeamFactory, make_attempt
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
@@ -35,14 +33,6 @@ def silent_attempt(job: Job) -> Attempt:
         gpu_ok=True,
     )
     return attempt
-
-
-def poison_vast_key(team: Team) -> None:
-    """Store a Vast key that no configured key opens (a rotation that dropped its key): it is
-    sealed for another column, so it fails authentication here."""
-    wrong = crypto.seal("vast-key", context="nomadgpu.team.telegram_bot_token")
-    with connection.cursor() as cursor:
-        cursor.execute("UPDATE nomadgpu_team SET vast_api_key = %s WHERE id = %s", [wrong, team.pk])
 
 
 @pytest.mark.django_db

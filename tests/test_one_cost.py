@@ -20,8 +20,8 @@ from nomadgpu import api_tokens
 from nomadgpu.humanize import money
 from nomadgpu_cli import cli
 from notify import messages
-from tests.factories import JobFactory, make_attempt
-from tests.vast_billing_fake import FakeVastBilling, charge
+from tests.support.factories import JobFactory, make_attempt
+from tests.support.vast_billing_fake import FakeVastBilling, charge
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

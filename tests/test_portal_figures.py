@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from portal import figures as portal
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import JobFactory, make_attempt
 
 NOW = datetime(2026, 3, 1, 0, 30, tzinfo=UTC)
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from jobs.models import Checkpoint
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import CheckpointFactory, JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 INSIDERS = ["admin", "member", "finance"]
@@ -21,13 +20,11 @@ def job(cast):
 
 
 def ready_checkpoint(job):
-    return Checkpoint.objects.create(
-        job=job,
+    return CheckpointFactory(
         attempt=job.attempts.get(),
         step=5,
         state="ready",
         key=f"{job.storage_prefix}attempts/1/checkpoints/5/c.tar",
-        size=1,
     )
 
 

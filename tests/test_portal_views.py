@@ -14,10 +14,18 @@ from django.urls import reverse
 from django.utils import timezone
 
 from jobs.job_templates import template_spec
-from jobs.models import Checkpoint, Interruption, Job, JobEvent, LossPoint
+from jobs.models import Job
 from nomadgpu.humanize import money
 from portal.forms import spec_to_initial
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import (
+    CheckpointFactory,
+    InterruptionFactory,
+    JobEventFactory,
+    JobFactory,
+    LossPointFactory,
+    MembershipFactory,
+    make_attempt,
+)
 
 pytestmark = pytest.mark.django_db
 HX = {"HTTP_HX_REQUEST": "true"}
@@ -59,10 +67,8 @@ def toy_form(**overrides):
 
 
 def test_job_list_shows_progress_eta_spend_host_and_interruptions(member_client, cast):
-    job, attempt = running_job(cast.team_a)
-    Interruption.objects.create(
-        job=job, attempt=attempt, cause="provider_gone", detected_at=timezone.now()
-    )
+    _job, attempt = running_job(cast.team_a)
+    InterruptionFactory(attempt=attempt, cause="provider_gone", detected_at=timezone.now())
 
     response = member_client.get(reverse("job-list"))
 
@@ -221,8 +227,7 @@ def test_preview_says_when_no_offer_matches(member_client, sandbox, settings):
 def test_job_page_shows_timeline_with_detection_and_recovery_times(member_client, cast):
     job, attempt = running_job(cast.team_a)
     detected = timezone.now() - timedelta(minutes=3)
-    Interruption.objects.create(
-        job=job,
+    InterruptionFactory(
         attempt=attempt,
         cause="provider_gone",
         last_heartbeat_at=detected - timedelta(seconds=12),
@@ -231,7 +236,7 @@ def test_job_page_shows_timeline_with_detection_and_recovery_times(member_client
         running_again_at=detected + timedelta(seconds=95),
         resumed_step=100,
     )
-    JobEvent.objects.create(job=job, kind="host_lost", message="host lost", created_at=detected)
+    JobEventFactory(job=job, kind="host_lost", message="host lost", created_at=detected)
 
     html = member_client.get(reverse("job-detail", args=[job.id])).content.decode()
 
@@ -299,11 +304,11 @@ def test_a_host_lost_after_waiting_shows_its_interruption_dated_when_it_went_off
 ):
     job, attempt = running_job(cast.team_a)
     went = timezone.now() - timedelta(minutes=10)
-    Interruption.objects.create(
-        job=job, attempt=attempt, cause="provider_offline", detected_at=went,
+    InterruptionFactory(
+        attempt=attempt, cause="provider_offline", detected_at=went,
         last_heartbeat_at=went - timedelta(seconds=4),
     )  # fmt: skip
-    JobEvent.objects.create(
+    JobEventFactory(
         job=job, kind="host_lost", message="host lost (provider_offline)",
         created_at=went + timedelta(minutes=10), data={"attempt_id": attempt.pk},
     )  # fmt: skip
@@ -349,7 +354,7 @@ def test_a_poll_refreshes_the_buttons_so_a_finished_job_loses_cancel(member_clie
 def test_job_page_draws_loss_and_spend_charts(member_client, cast):
     job, _ = running_job(cast.team_a, created_at=timezone.now() - timedelta(minutes=11))
     for step, loss in [(0, 2.0), (30, 1.2), (60, 0.8)]:
-        LossPoint.objects.create(job=job, step=step, loss=loss)
+        LossPointFactory(job=job, step=step, loss=loss)
 
     html = member_client.get(reverse("job-detail", args=[job.id])).content.decode()
 
@@ -480,8 +485,7 @@ def ready_checkpoint(job, attempt, payload: bytes, *, encrypted: bool, settings,
         body = out.getvalue()
     key = f"{attempt.storage_prefix}checkpoints/50/checkpoint.tar"
     object_store(job.team).put_bytes(key, body)
-    return Checkpoint.objects.create(
-        job=job,
+    return CheckpointFactory(
         attempt=attempt,
         step=50,
         state="ready",
@@ -522,9 +526,7 @@ def test_encrypted_checkpoint_is_decrypted_on_download(member_client, cast, sett
 
 def test_a_checkpoint_not_ready_is_404(member_client, cast):
     job, attempt = running_job(cast.team_a)
-    ckpt = Checkpoint.objects.create(
-        job=job, attempt=attempt, step=50, state="uploading", key="k", size=1
-    )
+    ckpt = CheckpointFactory(attempt=attempt, step=50, state="uploading")
 
     response = member_client.get(reverse("checkpoint-download", args=[job.id, ckpt.id]))
 
@@ -542,9 +544,7 @@ def test_a_budget_refusal_at_submit_is_shown_on_the_form(member_client):
 
 
 def test_the_team_switcher_changes_the_team_shown(client, cast):
-    from nomadgpu.models import Membership
-
-    Membership.objects.create(user=cast.member, team=cast.team_b, role="member")
+    MembershipFactory(user=cast.member, team=cast.team_b, role="member")
     JobFactory(team=cast.team_a, name="team-a-job")
     JobFactory(team=cast.team_b, name="team-b-job")
     client.force_login(cast.member)

@@ -18,7 +18,7 @@ from jobs.job_templates import template_spec
 from jobs.models import Job, WorkdirPack
 from nomadgpu.storage import object_store
 from portal.forms import spec_to_initial
-from tests.workdir_support import TRAIN_PY, bare_repository, sha256, tar_gz
+from tests.support.workdir import TRAIN_PY, bare_repository, sha256, tar_gz
 
 pytestmark = pytest.mark.django_db
 

@@ -8,11 +8,17 @@ from decimal import Decimal
 import pytest
 
 from billing import reconcile
-from billing.models import Charge, ChargeItem, InvoiceSync
 from billing.reconcile import Status, Tolerance
-from tests.factories import JobFactory, TeamFactory, make_attempt
+from tests.support.charges import DAY0, bill
+from tests.support.factories import (
+    ChargeFactory,
+    InvoiceSyncFactory,
+    JobFactory,
+    TeamFactory,
+    make_attempt,
+)
 
-T0 = datetime(2026, 3, 1, 10, tzinfo=UTC)
+T0 = datetime(2026, 3, 1, 10, tzinfo=UTC)  # on DAY0
 GB = 1024**3
 
 
@@ -34,41 +40,6 @@ def field_report_attempt(team, *, instance_id=101, bytes_down=0, **over):
     }
     attempt, _ = make_attempt(job, **fields)
     return attempt
-
-
-DAY0 = T0.date()
-
-
-def bill(attempt, *items: tuple[str, str, str], day: date = DAY0) -> Charge:
-    """One day row as Vast keys it: start and end at that day's 00:00 UTC."""
-    midnight = datetime.combine(day, datetime.min.time(), tzinfo=UTC)
-    charge = Charge.objects.create(
-        team=attempt.job.team,
-        source=f"instance-{attempt.instance_id}",
-        instance_id=attempt.instance_id,
-        day=day,
-        start=midnight,
-        end=midnight,
-        amount=sum(Decimal(a) for _, _, a in items),
-        origin="api",
-        attempt=attempt,
-    )
-    for n, (kind, text, amount) in enumerate(items):
-        from hosts.vast import quantity_and_rate
-
-        q, unit, rate, rate_unit = quantity_and_rate(text) or (None, "", None, "")
-        ChargeItem.objects.create(
-            charge=charge,
-            position=n,
-            type=kind,
-            description=text,
-            amount=Decimal(amount),
-            quantity=q,
-            unit=unit,
-            rate=rate,
-            rate_unit=rate_unit,
-        )
-    return charge
 
 
 def reconciled(attempt, **kw):
@@ -249,10 +220,10 @@ def test_charges_are_matched_by_instance_id_and_time_only():
     team = TeamFactory()
     attempt = field_report_attempt(team)
     common = {"team": team, "amount": Decimal("0.1"), "origin": "api"}
-    ours = Charge.objects.create(
+    ours = ChargeFactory(
         source="instance-101", instance_id=101, day=T0.date(), start=T0, end=T0, **common
     )
-    later = Charge.objects.create(  # same id, months later: not this rental
+    later = ChargeFactory(  # same id, months later: not this rental
         source="instance-101",
         instance_id=101,
         day=date(2026, 7, 1),
@@ -260,7 +231,7 @@ def test_charges_are_matched_by_instance_id_and_time_only():
         end=datetime(2026, 7, 1, 1, tzinfo=UTC),
         **common,
     )
-    stranger = Charge.objects.create(
+    stranger = ChargeFactory(
         source="instance-999", instance_id=999, day=T0.date(), start=T0, end=T0, **common
     )
 
@@ -281,7 +252,7 @@ def test_a_jobs_cost_is_recorded_until_its_invoice_is_imported():
     assert estimate.amount == pytest.approx(0.40 * (0.44 - 0.1), abs=0.001)
 
     bill(attempt, ("gpu", "0.475 hours at $0.400/hour", "0.190"))
-    InvoiceSync.objects.create(team=job.team, synced_until=T0 + timedelta(days=1))
+    InvoiceSyncFactory(team=job.team, synced_until=T0 + timedelta(days=1))
 
     invoiced = reconcile.job_cost(job, now=T0 + timedelta(days=2))
     assert invoiced.basis == "invoiced"
@@ -305,7 +276,7 @@ def test_the_field_report_savings_against_an_a100_on_demand():
 def test_a_job_shows_its_savings_from_its_attempts_hours():
     attempt = field_report_attempt(TeamFactory())
     bill(attempt, ("gpu", "0.475 hours at $0.400/hour", "0.190"))
-    InvoiceSync.objects.create(team=attempt.job.team, synced_until=T0 + timedelta(days=1))
+    InvoiceSyncFactory(team=attempt.job.team, synced_until=T0 + timedelta(days=1))
 
     row = reconcile.reconcile_job(attempt.job, now=T0 + timedelta(days=2))
 
@@ -319,7 +290,7 @@ def test_a_flag_closes_itself_when_a_corrected_invoice_matches():
 
     attempt = field_report_attempt(TeamFactory())
     team = attempt.job.team
-    InvoiceSync.objects.create(team=team, synced_until=T0 + timedelta(days=1))
+    InvoiceSyncFactory(team=team, synced_until=T0 + timedelta(days=1))
     charge = bill(attempt, ("gpu", "0.440 hours at $0.400/hour", "0.176"))
     now = T0 + timedelta(days=2)
     assert reconcile.flag_discrepancies(team, now=now) == 1

@@ -12,8 +12,8 @@ import pytest
 from billing import reconcile
 from billing.models import DiscrepancyFlag, FlagStatus, InvoiceSync
 from nomadgpu.humanize import money
-from tests.factories import JobFactory, make_attempt
-from tests.test_reconcile import bill
+from tests.support.charges import bill
+from tests.support.factories import InvoiceSyncFactory, JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 
@@ -45,7 +45,7 @@ def attempts_billed(team, n: int, *, billed: str, at=T0, first_instance: int = 9
 
 @pytest.fixture
 def team(cast):
-    InvoiceSync.objects.create(team=cast.team_a, synced_until=NOW - timedelta(hours=1))
+    InvoiceSyncFactory(team=cast.team_a, synced_until=NOW - timedelta(hours=1))
     return cast.team_a
 
 

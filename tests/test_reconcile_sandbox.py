@@ -13,9 +13,9 @@ from billing import invoices, reconcile
 from billing.models import Charge, DiscrepancyFlag, InvoiceSync
 from hosts import vast
 from jobs.models import JobEvent
-from tests.factories import JobFactory, TeamFactory, make_attempt
-from tests.processes import wait_until
-from tests.sandbox_support import Sandbox, market_offers
+from tests.support.factories import JobFactory, TeamFactory, make_attempt
+from tests.support.processes import wait_until
+from tests.support.sandbox import Sandbox, market_offers
 
 IMAGE = "pytorch/pytorch:2.4.0-cuda12.4-cudnn9-runtime"  # 3.6 GB pulled by the host
 CLEAN = 16702039  # 8x H200, $32/h, traffic free

@@ -15,7 +15,13 @@ from agent.phases import PhaseClock
 from jobs import anatomy
 from jobs.models import Attempt, Interruption, JobState
 from nomadgpu.models import Role
-from tests.factories import JobFactory, MembershipFactory, TeamFactory, make_attempt
+from tests.support.factories import (
+    InterruptionFactory,
+    JobFactory,
+    MembershipFactory,
+    TeamFactory,
+    make_attempt,
+)
 
 T = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -160,7 +166,7 @@ def test_an_agent_without_phases_has_its_first_step_timed_by_the_first_beat_with
 def test_the_replacement_that_runs_again_is_kept_on_the_interruption(client):
     job = JobFactory(state=JobState.RECOVERING)
     lost, _ = make_attempt(job, number=1, state="ended")
-    Interruption.objects.create(job=job, attempt=lost, cause="provider_gone", detected_at=T)
+    InterruptionFactory(attempt=lost, cause="provider_gone", detected_at=T)
     job.state = JobState.STARTING
     job.save(update_fields=["state"])
     replacement, token = make_attempt(job, number=2)
@@ -333,8 +339,8 @@ def replaced_job(team, boundaries=KNOWN):
     replacement, _ = make_attempt(
         job, number=2, state="running", seconds_per_step=0.5, dph_base=0.9, **boundaries
     )
-    Interruption.objects.create(
-        job=job, attempt=lost, cause="provider_gone", last_heartbeat_at=T, detected_at=at(30),
+    InterruptionFactory(
+        attempt=lost, cause="provider_gone", last_heartbeat_at=T, detected_at=at(30),
         replacement_rented_at=at(50), running_again_at=at(194), step_reached=180,
         resumed_step=100, replacement=replacement,
     )  # fmt: skip

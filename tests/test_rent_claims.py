@@ -16,7 +16,7 @@ from hosts.vast.parsing import parse_instance
 from jobs.models import Attempt, JobState
 from jobs.renting import claims, settle
 from jobs.watchdog import passes
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import JobFactory, make_attempt
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 

@@ -14,9 +14,9 @@ from hosts.vast import VastClient
 from jobs import lifecycle
 from jobs.models import AttemptState, JobEvent, label_for
 from jobs.renting import rent as renting
-from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS
-from tests.factories import JobFactory
-from tests.sandbox_support import DEFAULT_KEY
+from tests.support.factories import JobFactory
+from tests.support.market import FIELD_REPORT_REQUIREMENTS
+from tests.support.sandbox import DEFAULT_KEY
 
 
 @pytest.mark.django_db

@@ -1,6 +1,6 @@
 """The sandbox marketplace over real HTTP: Vast's API shapes, lifecycle, failures, billing.
 
-Every test talks to a real sandbox process (``tests.sandbox_support``) with raw httpx, the
+Every test talks to a real sandbox process (``tests.support.sandbox``) with raw httpx, the
 way the project's client and the official CLI do. Waiting is polling with a deadline.
 """
 
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from agent.netdev import parse as parse_net_dev
-from tests.processes import wait_until
-from tests.sandbox_support import (
+from tests.support.processes import wait_until
+from tests.support.sandbox import (
     DEFAULT_KEY,
     FAST_FLAGS,
     ROOT,

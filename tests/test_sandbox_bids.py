@@ -16,28 +16,11 @@ from hosts.vast import VastClient
 from hosts.vast.errors import InstanceGone, ProviderError
 from hosts.vast.transport import RetryPolicy
 from sandbox.bids import BidMarket, BidSettings, min_bid_bounds, outbid_rate_per_h
-from tests.processes import wait_until
-from tests.sandbox_support import DEFAULT_KEY, Sandbox, market_offers
+from tests.support.bids import SLEEP_ONSTART, bid_asks, rent_bid, shown
+from tests.support.processes import wait_until
+from tests.support.sandbox import DEFAULT_KEY, Sandbox, market_offers
 
-SLEEP_ONSTART = "echo run >> runs\nexec sleep 120\n"
 HOUR_0_36_S = ("--time-scale", "0.0001")  # with --fast: one sandbox hour = 0.36 s
-
-
-def bid_asks(box: Sandbox, count: int) -> list[dict]:
-    """COUNT rentable offers priced for interruptible rental, cheapest floor first."""
-    query = {"rentable": {"eq": True}, "type": "bid", "order": [["min_bid", "asc"]]}
-    offers = [o for o in box.search({**query, "limit": 50}) if o["min_bid"] >= 0.05]
-    assert len(offers) >= count
-    return offers[:count]
-
-
-def rent_bid(box: Sandbox, offer: dict, price: float, **body) -> int:
-    body.setdefault("onstart", SLEEP_ONSTART)
-    return box.create(offer["id"], price=round(price, 4), **body)
-
-
-def shown(box: Sandbox, iid: int, key: str = DEFAULT_KEY) -> dict:
-    return box.client(key).get(f"/api/v0/instances/{iid}/").json()["instances"]
 
 
 def change_bid(box: Sandbox, iid: int, price, key: str | None = DEFAULT_KEY) -> httpx.Response:

@@ -8,7 +8,7 @@ from the sandbox's own event log (its clock), never from sleeps in the test.
 from __future__ import annotations
 
 from sandbox.image_cache import wiped_between_rentals
-from tests.sandbox_support import Sandbox
+from tests.support.sandbox import Sandbox
 
 IMAGE = "pytorch/pytorch:2.4.0-cuda12.4-cudnn9-runtime"  # 3.6 GB in the sandbox's table
 IMAGE_BYTES = 3_600_000_000

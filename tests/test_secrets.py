@@ -11,8 +11,8 @@ from django.urls import reverse
 
 from nomadgpu import crypto
 from nomadgpu.models import Team
-from tests.factories import TeamFactory
-from tests.processes import ROOT, subprocess_env
+from tests.support.factories import TeamFactory
+from tests.support.processes import ROOT, subprocess_env
 
 VAST_KEY = "vast-live-0123456789abcdef"
 OTHER_KEY = crypto.generate_key()

@@ -1,7 +1,7 @@
 """hosts.selection on plain data: filter rules, the cost model, ranking and the decision record.
 
 No server and no database: offers are built with ``hosts.vast.parse_offer`` from dicts shaped
-like the shared market (``shared/market/offers.json``), or loaded from that file.
+like the sandbox's market file, or loaded from it (``tests.support.market``).
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -31,57 +30,16 @@ from hosts.selection import (
 from hosts.selection.filters import first_failed_rule
 from hosts.selection.speed import seconds_per_step
 from hosts.vast import Offer, build_search_body, parse_offer
+from tests.support.market import FIELD_REPORT_JOB, RAW_OFFER, REFERENCE, load_market, make_offer
 
-ROOT = Path(__file__).resolve().parent.parent
-MARKET_FILES = (
-    ROOT.parent / "shared" / "market" / "offers.json",
-    ROOT / "sandbox" / "market" / "offers.json",
-)
-TRAP_OFFER_ID = 17179682  # shared/market/README.md: the $45/TB host of the cheapest RTX 4090
+TRAP_OFFER_ID = 17179682  # the market's planted trap: the $45/TB host of the cheapest RTX 4090
 GIB = 1024**3
 
-RAW_OFFER = {  # a healthy single RTX 4090 in the market's field names and units
-    "id": 16018470,
-    "machine_id": 30941,
-    "host_id": 150455,
-    "gpu_name": "RTX 4090",
-    "num_gpus": 1,
-    "gpu_ram": 24564,
-    "gpu_total_ram": 24564,
-    "cuda_max_good": 12.4,
-    "disk_space": 1386.0,
-    "dph_base": 0.36,
-    "storage_cost": 0.144,  # $/GB/month: 0.0002 $/GB/h
-    "inet_down": 1000.0,
-    "inet_up": 800.0,
-    "inet_down_cost": 2 / 1024,  # $2/TB
-    "inet_up_cost": 3 / 1024,
-    "reliability": 0.99,
-    "verification": "verified",
-    "hosting_type": 0,
-    "dlperf": 100.0,
-    "geolocation": "Texas, US",
-}
 FIELD_REPORT_REQ = Requirements(rental=ON_DEMAND, gpu_names=("RTX 4090",), disk_gb=50)
-FIELD_REPORT_JOB = JobProfile(  # 15 GB downloaded in all, as the market README's check counts it
-    image_gb=0, model_gb=15, upload_gb=1, steps_total=300, reference_seconds_per_step=4.0
-)
-REFERENCE = SpeedBook(dlperf_by_model={"RTX 4090": 100.0})  # an offer at dlperf 100 runs 4 s/step
-
-
-def make_offer(**changes) -> Offer:
-    return parse_offer({**RAW_OFFER, **changes})
 
 
 def without(key: str) -> Offer:
     return parse_offer({k: v for k, v in RAW_OFFER.items() if k != key})
-
-
-def load_market() -> tuple[list[Offer], dict[int, dict]]:
-    path = next(p for p in MARKET_FILES if p.exists())
-    raw = json.loads(path.read_text())
-    public = [{k: v for k, v in o.items() if not k.startswith("sim_")} for o in raw]
-    return [parse_offer(o) for o in public], {o["id"]: o for o in public}
 
 
 # --- the server-side query ---------------------------------------------------------------

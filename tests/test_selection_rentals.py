@@ -22,7 +22,7 @@ from hosts.selection import (
     expected_cost,
 )
 from jobs.rent_decision import RentDecision
-from tests.test_selection import FIELD_REPORT_JOB, REFERENCE, make_offer
+from tests.support.market import FIELD_REPORT_JOB, REFERENCE, make_offer
 
 FIELD_REPORT = replace(FIELD_REPORT_JOB, checkpoint_every_steps=50)  # 300 steps, 15 GB model
 REQ = Requirements(rental=ON_DEMAND, gpu_names=("RTX 4090",), disk_gb=50)

@@ -13,7 +13,7 @@ from django.urls import reverse
 from jobs import lifecycle
 from jobs.models import Attempt, Interruption, JobEvent, JobState
 from notify import messages
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 

@@ -21,9 +21,9 @@ from nomadgpu import api_tokens
 from nomadgpu.humanize import instance_price
 from portal import figures
 from portal.forms import spec_to_initial
-from tests.factories import JobFactory, make_attempt
-from tests.sandbox_support import market_offers
-from tests.test_selection import load_market
+from tests.support.factories import JobFactory, make_attempt
+from tests.support.market import load_market
+from tests.support.sandbox import market_offers
 
 pytestmark = pytest.mark.django_db
 

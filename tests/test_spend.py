@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from billing.spend import GB, Spend, attempt_spend, job_spend, traffic_bytes
-from tests.factories import JobFactory, TeamFactory, make_attempt
+from tests.support.factories import JobFactory, TeamFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 

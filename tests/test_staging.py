@@ -1,13 +1,11 @@
 """Staged model weights: ``stage`` entries checked at submit, mirrored once by a real Celery
-worker from a local fake Hub (tests/hub_fake.py) into the team's storage (local, or S3 on
+worker from a local fake Hub (tests/support/hub_fake.py) into the team's storage (local, or S3 on
 moto's server, encrypted), a missing or gated repo failing the job before any rent, and the
 real agent laying the files out in the Hugging Face cache for a command that runs offline."""
 
 from __future__ import annotations
 
 import hashlib
-import os
-import subprocess
 import sys
 
 import pytest
@@ -17,33 +15,27 @@ from jobs import job_templates, spec
 from jobs.models import Attempt, Job, JobEvent, JobState, StagedObject
 from jobs.renting import terms
 from jobs.staging import stage
-from nomadgpu.models import TeamSecret
 from nomadgpu.storage import object_store
-from tests import hub_fake
-from tests.factories import JobFactory, TeamFactory, UserFactory, make_attempt
-from tests.processes import ROOT, wait_until
-
-CONFIG = b'{"model_type": "qwen2", "hidden_size": 64}'
-TOKENIZER = b'{"version": "1.0", "model": {"type": "BPE"}}'
-# Over checkpoints.RANGED_MIN_SIZE (8 MiB): the agent fetches it over parallel ranged GETs.
-WEIGHTS = os.urandom(9 * 1024 * 1024 + 123)
-TINY = "org/tiny-model"
-GATED = "org/gated-model"
-
-
-def tiny_repo() -> hub_fake.Repo:
-    files = {"config.json": CONFIG, "tokenizer.json": TOKENIZER, "model.safetensors": WEIGHTS}
-    return hub_fake.Repo(files={**files, "README.md": b"# tiny"})
-
-
-@pytest.fixture
-def hub(settings):
-    fake = hub_fake.FakeHub(
-        repos={TINY: tiny_repo(), GATED: hub_fake.Repo(files={"config.json": CONFIG}, gated=True)}
-    )
-    with hub_fake.running(fake):
-        settings.HF_ENDPOINT = fake.url
-        yield fake
+from tests.support import hub_fake
+from tests.support.factories import (
+    JobFactory,
+    StagedObjectFactory,
+    TeamFactory,
+    TeamSecretFactory,
+    UserFactory,
+    make_attempt,
+)
+from tests.support.processes import wait_until
+from tests.support.staging import (
+    CONFIG,
+    GATED,
+    TINY,
+    TINY_ENTRY,
+    TOKENIZER,
+    WEIGHTS,
+    run_agent,
+    staged_job,
+)
 
 
 @pytest.fixture
@@ -63,9 +55,6 @@ def stage_spec(*entries: dict, **fields) -> spec.JobSpec:
         stage=list(entries),
         **fields,
     )
-
-
-TINY_ENTRY = {"hf": TINY, "revision": "main", "files": ["*.json", "*.safetensors"]}
 
 
 def submit(team, *entries: dict, **fields) -> Job:
@@ -207,7 +196,7 @@ def test_a_gated_repo_is_mirrored_with_the_team_s_hf_token_when_the_job_names_it
 ):
     settings.VAST_URL, settings.VAST_API_KEY = sandbox.url, "sandbox-key"
     team = TeamFactory()
-    TeamSecret.objects.create(team=team, name="HF_TOKEN", value=hub.token)
+    TeamSecretFactory(team=team, name="HF_TOKEN", value=hub.token)
 
     job = wait_stage_state(submit(team, {"hf": GATED}, secrets=["HF_TOKEN"]), "ready")
 
@@ -233,43 +222,6 @@ url_entry = Path(os.environ["NOMAD_STAGE_DIR"]) / "data" / "tokenizer.json"
 assert url_entry.read_bytes() == b'{"version": "1.0", "model": {"type": "BPE"}}'
 print("staged cache ok at", commit, flush=True)
 """
-
-
-@pytest.fixture(params=["local", "s3"])
-def backend(request, settings, live_server, tmp_path):
-    settings.SITE_URL = live_server.url
-    if request.param == "local":
-        settings.STORAGE_BACKEND = "local"
-        settings.STORAGE_LOCAL_DIR = tmp_path / "objects"
-        return request.param
-    bucket = request.getfixturevalue("s3_bucket")
-    settings.STORAGE_BACKEND = "s3"
-    settings.S3_BUCKET = bucket["bucket"]
-    settings.S3_ENDPOINT_URL = bucket["endpoint_url"]
-    settings.S3_ACCESS_KEY_ID = bucket["access_key_id"]
-    settings.S3_SECRET_ACCESS_KEY = bucket["secret_access_key"]
-    settings.S3_REGION = bucket["region"]
-    return request.param
-
-
-def staged_job(encrypted: bool, command: str, *more: dict) -> Job:
-    """A job whose TINY_ENTRY is mirrored (the worker's function, called here directly)."""
-    from nomadgpu.crypto import new_data_key
-
-    job = JobFactory(
-        state=JobState.QUEUED,
-        command=command,
-        stage=[TINY_ENTRY, *more],
-        stage_state="staging",
-        encrypt_checkpoints=encrypted,
-        data_key=new_data_key() if encrypted else "",
-        heartbeat_interval_s=1,
-    )
-    assert stage.stage_job(job.pk, now=now()) == "ready"
-    # The rent planned after staging is this test's own host instead.
-    Attempt.objects.filter(job=job).delete()
-    Job.objects.filter(pk=job.pk).update(state=JobState.QUEUED)
-    return Job.objects.get(pk=job.pk)
 
 
 @pytest.mark.slow
@@ -304,24 +256,6 @@ def test_the_agent_lays_out_the_hf_cache_and_the_command_finds_it_offline(
     assert (blobs / hashlib.sha256(WEIGHTS).hexdigest()).read_bytes() == WEIGHTS
 
 
-def run_agent(live_server, token: str, workdir) -> subprocess.CompletedProcess:
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "NOMAD_SUPERVISOR_URL": live_server.url,
-        "NOMAD_AGENT_TOKEN": token,
-        "NOMAD_WORKDIR": str(workdir),
-        "PYTHONPATH": str(ROOT),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "agent"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 # --- Waiting for it ------------------------------------------------------------------------
 
 
@@ -344,7 +278,7 @@ def test_the_job_page_and_the_member_api_show_the_staging_progress(client, cast)
     from nomadgpu import api_tokens
 
     job = staging_job(team=cast.team_a)
-    obj = StagedObject.objects.create(
+    obj = StagedObjectFactory(
         team=cast.team_a, kind="hf", source="hf:x", files_total=4, files_done=1,
         bytes_total=4_000_000_000, bytes_done=1_500_000_000,
     )  # fmt: skip

@@ -9,7 +9,7 @@ import pytest
 from jobs import lifecycle
 from jobs.lifecycle import Loss
 from jobs.models import Attempt, Interruption, JobEvent, JobState
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import JobFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)

@@ -13,11 +13,16 @@ import time_machine
 from django.core.cache import cache
 
 from billing import reconcile
-from billing.models import InvoiceSync
 from jobs.models import Interruption, JobState
 from nomadgpu.humanize import money
-from tests.factories import JobFactory, TeamFactory, make_attempt
-from tests.test_reconcile import bill
+from tests.support.charges import bill
+from tests.support.factories import (
+    InterruptionFactory,
+    InvoiceSyncFactory,
+    JobFactory,
+    TeamFactory,
+    make_attempt,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -62,8 +67,7 @@ def interrupted_job(team) -> Interruption:
         first_step_at=rented + timedelta(seconds=180),
         decision={"chosen": {"cost": {"download_gb": 10.0}}},
     )
-    return Interruption.objects.create(
-        job=job,
+    return InterruptionFactory(
         attempt=lost,
         cause="provider_gone",
         last_heartbeat_at=DETECTED - timedelta(seconds=30),
@@ -130,7 +134,7 @@ def test_the_savings_use_the_invoice_where_it_covers_the_job(client):
     team = public_team()
     finished_run(team, instance_id=301, billed="0.190", ago=timedelta(days=2))  # invoiced
     finished_run(team, instance_id=302, billed=None, ago=timedelta(hours=1))  # after the import
-    InvoiceSync.objects.create(team=team, synced_until=NOW - timedelta(days=1))
+    InvoiceSyncFactory(team=team, synced_until=NOW - timedelta(days=1))
 
     savings = client.get("/status/open-lab.json").json()["savings"]
 
@@ -166,7 +170,7 @@ def test_the_page_shows_the_interruption_cost_and_the_savings(client):
     team = public_team()
     interrupted_job(team)
     finished_run(team, instance_id=301, billed="0.190", ago=timedelta(days=2))
-    InvoiceSync.objects.create(team=team, synced_until=NOW - timedelta(days=1))
+    InvoiceSyncFactory(team=team, synced_until=NOW - timedelta(days=1))
     status = client.get("/status/open-lab.json").json()
 
     html = client.get("/status/open-lab/").content.decode()

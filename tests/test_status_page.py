@@ -14,7 +14,14 @@ from django.core.cache import cache
 from jobs.models import Interruption, JobState
 from jobs.watchdog.poll import poll_providers
 from nomadgpu.models import Role, ServiceHeartbeat
-from tests.factories import JobFactory, MembershipFactory, TeamFactory, make_attempt
+from tests.support.factories import (
+    InterruptionFactory,
+    JobFactory,
+    MembershipFactory,
+    ServiceHeartbeatFactory,
+    TeamFactory,
+    make_attempt,
+)
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 ATOM = "{http://www.w3.org/2005/Atom}"
@@ -64,7 +71,7 @@ def interrupt(job, number: int, detected_at: datetime, **fields) -> Interruption
     )
     fields.setdefault("cause", "provider_gone")
     fields.setdefault("detail", f"{SECRETS['gpu error']} on machine {SECRETS['machine id']}")
-    return Interruption.objects.create(job=job, attempt=attempt, detected_at=detected_at, **fields)
+    return InterruptionFactory(attempt=attempt, detected_at=detected_at, **fields)
 
 
 @pytest.fixture
@@ -274,7 +281,7 @@ def test_health_says_the_watchdog_ticks_while_its_heartbeat_is_fresh(client, pub
     with time_machine.travel(NOW, tick=False):
         assert health(client)["watchdog"] == {"ok": False, "last_seen_at": None, "silent_s": None}
 
-        ServiceHeartbeat.objects.create(name="watchdog", last_seen_at=NOW - timedelta(seconds=14))
+        ServiceHeartbeatFactory(name="watchdog", last_seen_at=NOW - timedelta(seconds=14))
         body = health(client)
         assert body["watchdog"] == {
             "ok": True,
@@ -298,7 +305,7 @@ def test_health_says_whether_the_last_provider_poll_worked(client, public, setti
     with time_machine.travel(NOW, tick=False):
         assert health(client)["provider"]["ok"] is None  # never polled
 
-        beat = ServiceHeartbeat.objects.create(
+        beat = ServiceHeartbeatFactory(
             name="provider", last_seen_at=NOW - timedelta(seconds=20), detail={"ok": True}
         )
         assert health(client)["provider"]["ok"] is True

@@ -9,7 +9,7 @@ import pytest
 
 from jobs.models import Interruption
 from statuspage.stats import nearest_rank, team_status
-from tests.factories import JobFactory, TeamFactory, make_attempt
+from tests.support.factories import InterruptionFactory, JobFactory, TeamFactory, make_attempt
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -27,7 +27,7 @@ DETECT_S = [20, 25, 28, 30, 30, 31, 32, 33, 35, 40, 45, 60, 90]
 def interrupt(job, number: int, detected_at: datetime, **fields) -> Interruption:
     attempt, _ = make_attempt(job, number=number, state="ended")
     fields.setdefault("cause", "heartbeat_timeout")
-    return Interruption.objects.create(job=job, attempt=attempt, detected_at=detected_at, **fields)
+    return InterruptionFactory(attempt=attempt, detected_at=detected_at, **fields)
 
 
 def field_report_month(team) -> None:

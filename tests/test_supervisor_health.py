@@ -13,7 +13,8 @@ from django.utils import timezone
 
 from nomadgpu import health
 from nomadgpu.models import ServiceHeartbeat
-from tests.processes import celery_command, subprocess_env, wait_until
+from tests.support.factories import ServiceHeartbeatFactory
+from tests.support.processes import celery_command, subprocess_env, wait_until
 
 
 def database_check() -> str:
@@ -27,7 +28,7 @@ def ago(seconds: float):
 
 
 def last_tick(seconds_ago: float) -> None:
-    ServiceHeartbeat.objects.create(name="watchdog", last_seen_at=ago(seconds_ago))
+    ServiceHeartbeatFactory(name="watchdog", last_seen_at=ago(seconds_ago))
 
 
 @pytest.fixture

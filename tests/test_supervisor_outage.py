@@ -16,7 +16,7 @@ from jobs.models import Attempt, Interruption
 from jobs.watchdog import passes, silence
 from nomadgpu import ingest
 from nomadgpu.models import IngestOutage, ServiceHeartbeat
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import IngestOutageFactory, JobFactory, make_attempt
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 TIMEOUT = timedelta(seconds=26.25)  # 1.75 x 15 s
@@ -229,7 +229,7 @@ def test_the_web_coming_back_after_nothing_could_run_records_the_outage():
 def test_stall_is_not_judged_on_a_step_reported_before_the_outage():
     # Training may well have moved during the outage: only a beat after it says it did not.
     web_beacon(0.5)
-    IngestOutage.objects.create(cause="web_down", started_at=ago(1000), ended_at=ago(5))
+    IngestOutageFactory(cause="web_down", started_at=ago(1000), ended_at=ago(5))
     attempt = running(beat_s_ago=2000)  # its last step and beat came before the outage
     Attempt.objects.filter(pk=attempt.pk).update(heartbeat_deadline=ago(1))
 
@@ -241,7 +241,7 @@ def test_agents_still_reconnecting_after_an_outage_open_one_that_starts_at_its_e
     # The web came back 45 s ago (its beacon ended the outage) and no agent got through since:
     # the new outage begins when the last one ended, not at the beats from before it.
     web_beacon(0.5)
-    IngestOutage.objects.create(cause="web_down", started_at=ago(120), ended_at=ago(45))
+    IngestOutageFactory(cause="web_down", started_at=ago(120), ended_at=ago(45))
     running(beat_s_ago=121), running(beat_s_ago=122)
 
     tick()

@@ -13,7 +13,7 @@ from django.test import RequestFactory
 from django.urls import reverse
 
 from nomadgpu.models import Membership, Role
-from tests.factories import MembershipFactory, UserFactory
+from tests.support.factories import MembershipFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 NEW_PASSWORD = "a-long-enough-Passw0rd"

@@ -6,7 +6,7 @@ import pytest
 from django.urls import reverse
 
 from nomadgpu.permissions import can_manage_team, can_see_billing, visible_to
-from tests.factories import JobFactory
+from tests.support.factories import ChannelFactory, JobFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -116,7 +116,7 @@ def test_visible_to_narrows_any_queryset_to_member_teams(cast):
 
 
 def test_admin_cancel_action_cancels_a_running_job(client, cast, monkeypatch):
-    from tests.factories import make_attempt
+    from tests.support.factories import make_attempt
 
     monkeypatch.setattr("jobs.lifecycle.send_task", lambda *a: None)
     attempt, _ = make_attempt(JobFactory(team=cast.team_a), state="running", instance_id=5)
@@ -143,12 +143,8 @@ def test_every_model_has_an_admin_page(client, cast):
 
 
 def test_team_page_lists_its_notification_channels(client, cast):
-    from notify.models import Channel
-
-    Channel.objects.create(
-        team=cast.team_a, kind="webhook", name="ops-hook", webhook_url="https://x.test"
-    )
-    Channel.objects.create(
+    ChannelFactory(team=cast.team_a, kind="webhook", name="ops-hook", webhook_url="https://x.test")
+    ChannelFactory(
         team=cast.team_b, kind="webhook", name="their-hook", webhook_url="https://y.test"
     )
     client.force_login(cast.member)

@@ -9,6 +9,7 @@ from django.db import connection
 from django.urls import reverse
 
 from nomadgpu.models import TeamSecret
+from tests.support.factories import TeamSecretFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -63,7 +64,7 @@ def test_a_team_admin_adds_a_secret_in_the_admin_sealed_and_never_shown(client, 
 
 
 def test_saving_a_secret_blank_in_the_admin_keeps_its_value_and_a_new_one_replaces_it(client, cast):
-    secret = TeamSecret.objects.create(team=cast.team_a, name="HF_TOKEN", value=HF_TOKEN)
+    secret = TeamSecretFactory(team=cast.team_a, name="HF_TOKEN", value=HF_TOKEN)
     client.force_login(cast.admin)
 
     assert admin_change(client, secret, value="", value_lines="").status_code == 302
@@ -82,7 +83,7 @@ def test_a_deploy_key_keeps_its_line_breaks_through_the_multi_line_field(client,
 
 
 def test_an_admin_form_with_an_error_does_not_echo_the_value_just_typed(client, cast):
-    TeamSecret.objects.create(team=cast.team_a, name="HF_TOKEN", value=HF_TOKEN)
+    TeamSecretFactory(team=cast.team_a, name="HF_TOKEN", value=HF_TOKEN)
     client.force_login(cast.admin)
 
     response = admin_add(client, cast.team_a, value=NEW_TOKEN, value_lines=PEM)  # a duplicate
@@ -105,8 +106,8 @@ def test_a_secret_needs_a_value_when_added(client, cast):
 
 
 def test_a_team_admin_sees_only_their_teams_secrets_in_the_admin(client, cast):
-    ours = TeamSecret.objects.create(team=cast.team_a, name="OURS_TOKEN", value=HF_TOKEN)
-    theirs = TeamSecret.objects.create(team=cast.team_b, name="THEIR_TOKEN", value=NEW_TOKEN)
+    ours = TeamSecretFactory(team=cast.team_a, name="OURS_TOKEN", value=HF_TOKEN)
+    theirs = TeamSecretFactory(team=cast.team_b, name="THEIR_TOKEN", value=NEW_TOKEN)
     client.force_login(cast.admin)
 
     listing = client.get(reverse("admin:nomadgpu_teamsecret_changelist")).content.decode()
@@ -176,7 +177,7 @@ def test_a_bad_name_on_the_team_page_is_refused_without_echoing_the_value(client
 
 
 def test_only_the_teams_admins_see_or_change_its_secrets_on_the_team_page(client, cast):
-    TeamSecret.objects.create(team=cast.team_a, name="HF_TOKEN", value=HF_TOKEN)
+    TeamSecretFactory(team=cast.team_a, name="HF_TOKEN", value=HF_TOKEN)
     delete_url = reverse("team-secret-delete", args=[cast.team_a.slug, "HF_TOKEN"])
 
     client.force_login(cast.member)

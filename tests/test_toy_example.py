@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.processes import ROOT
+from tests.support.processes import ROOT
 
 FAST = {"TOY_STEP_SECONDS": "0", "TOY_STEPS": "120", "TOY_CHECKPOINT_EVERY": "50"}
 

@@ -1,6 +1,6 @@
 """hosts.vast against the sandbox marketplace over real HTTP: every call the client makes.
 
-The sandbox (``tests.sandbox_support``) speaks Vast's REST API in a subprocess; these tests
+The sandbox (``tests.support.sandbox``) speaks Vast's REST API in a subprocess; these tests
 prove the client's requests are understood and its parsers read the answers. Waiting is
 polling with a deadline.
 """
@@ -27,8 +27,8 @@ from hosts.vast import (
     VastError,
 )
 from sandbox.timing import Timing
-from tests.processes import wait_until
-from tests.sandbox_support import DEFAULT_KEY, Sandbox, market_offers
+from tests.support.processes import wait_until
+from tests.support.sandbox import DEFAULT_KEY, Sandbox, market_offers
 
 SLEEP_ONSTART = "exec sleep 120\n"
 IMAGE = "ubuntu:22.04"

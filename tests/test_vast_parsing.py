@@ -1,5 +1,5 @@
 """hosts.vast without a server: parsers on bodies shaped like the reference's examples
-(shared/vast-api.md), the pure decisions, and the retry rules with a fake network edge."""
+(docs/vast-api.md), the pure decisions, and the retry rules with a fake network edge."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from hosts.vast import (
     VastClient,
 )
 
-OFFER = {  # one offer as POST /bundles/ returns it (shared/market/offers.json, ref §2)
+OFFER = {  # one offer as POST /bundles/ returns it (the market file; docs/vast-api.md §2)
     "id": 15509613,
     "ask_contract_id": 15509613,
     "machine_id": 23538,

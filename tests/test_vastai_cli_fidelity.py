@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.sandbox_support import (
+from tests.support.bids import bid_asks, rent_bid, shown
+from tests.support.sandbox import (
     DEFAULT_KEY,
     ROOT,
     Sandbox,
 )
-from tests.test_sandbox_bids import bid_asks, rent_bid, shown
 
 VERSION = "1.9.1"
 VENV = ROOT / "var" / "vastai-venv"

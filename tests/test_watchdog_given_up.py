@@ -16,10 +16,10 @@ from jobs import lifecycle
 from jobs.models import Interruption, JobEvent
 from jobs.renting import rent
 from jobs.watchdog import outbids, poll
-from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS
-from tests.factories import JobFactory
-from tests.processes import wait_until
-from tests.sandbox_support import DEFAULT_KEY
+from tests.support.factories import JobFactory
+from tests.support.market import FIELD_REPORT_REQUIREMENTS
+from tests.support.processes import wait_until
+from tests.support.sandbox import DEFAULT_KEY
 
 pytestmark = pytest.mark.django_db
 

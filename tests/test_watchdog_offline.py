@@ -16,7 +16,7 @@ from hosts.models import Machine
 from hosts.vast import Instance
 from jobs.models import Interruption, JobEvent
 from jobs.watchdog.poll import reconcile_attempt
-from tests.factories import JobFactory, make_attempt
+from tests.support.factories import JobFactory, MachineFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
 
@@ -39,7 +39,7 @@ def instance(status: str) -> Instance:
 
 
 def running_attempt(state: str = "running", **fields):
-    Machine.objects.create(
+    MachineFactory(
         machine_id=MACHINE, gpu_name="RTX 4090", offline_returns=8, offline_return_s=320.0
     )
     heard = {

@@ -6,8 +6,8 @@ import pytest
 from django.urls import reverse
 
 from jobs.models import WorkdirPack
-from tests.factories import JobFactory
-from tests.workdir_support import TRAIN_PY, ready_pack, sha256, tar_gz
+from tests.support.factories import JobFactory
+from tests.support.workdir import TRAIN_PY, ready_pack, sha256, tar_gz
 
 pytestmark = pytest.mark.django_db
 

@@ -14,7 +14,7 @@ import pytest
 from agent.ckptcrypto import decrypt_stream
 from jobs.models import WorkdirPack
 from nomadgpu.storage import LocalObjectStore, S3ObjectStore
-from tests.workdir_support import TRAIN_PY, bearer, pack_body, ready_pack, sha256, tar_gz
+from tests.support.workdir import TRAIN_PY, bearer, pack_body, ready_pack, sha256, tar_gz
 
 # Transactional: the local store's guard, in the live server's thread, reads the pack rows.
 pytestmark = pytest.mark.django_db(transaction=True)

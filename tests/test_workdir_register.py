@@ -12,9 +12,8 @@ import httpx
 import pytest
 
 from agent.ckptcrypto import decrypt_stream
-from nomadgpu.models import TeamSecret
-from tests.factories import JobFactory, make_attempt
-from tests.workdir_support import TRAIN_PY, ready_pack, sha256, tar_gz
+from tests.support.factories import JobFactory, TeamSecretFactory, make_attempt
+from tests.support.workdir import TRAIN_PY, ready_pack, sha256, tar_gz
 
 pytestmark = pytest.mark.django_db
 
@@ -106,7 +105,7 @@ def test_a_pack_gone_from_storage_fails_the_job_instead_of_losing_host_after_hos
 
 def test_a_git_workdir_is_its_commit_with_the_deploy_keys_value(client, cast):
     key = "-----BEGIN OPENSSH PRIVATE KEY-----\nabc\n-----END OPENSSH PRIVATE KEY-----"
-    TeamSecret.objects.create(team=cast.team_a, name="DEPLOY_KEY", value=key)
+    TeamSecretFactory(team=cast.team_a, name="DEPLOY_KEY", value=key)
     workdir = {
         "kind": "git",
         "url": "git@github.com:team/private.git",

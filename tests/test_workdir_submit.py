@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.models import Job, WorkdirPack
-from nomadgpu.models import TeamSecret
-from tests.workdir_support import TRAIN_PY, bare_repository, bearer, ready_pack, sha256, tar_gz
+from jobs.models import Job
+from tests.support.factories import TeamSecretFactory, WorkdirPackFactory
+from tests.support.workdir import TRAIN_PY, bare_repository, bearer, ready_pack, sha256, tar_gz
 
 pytestmark = pytest.mark.django_db
 
@@ -69,7 +69,7 @@ def test_an_unknown_pack_is_refused_saying_upload_the_code_first(client, cast):
 
 
 def test_a_pack_still_uploading_is_refused(client, cast):
-    WorkdirPack.objects.create(team=cast.team_a, sha256=sha256(PACK), size=len(PACK))
+    WorkdirPackFactory(team=cast.team_a, sha256=sha256(PACK), size=len(PACK))
 
     _, msg = refusal(submit(client, cast.member, archive()))
 
@@ -190,7 +190,7 @@ def test_a_missing_deploy_key_secret_is_refused_naming_it(client, cast, repo):
 
 
 def test_a_deploy_key_is_used_over_ssh_and_an_unreachable_host_is_refused(client, cast):
-    TeamSecret.objects.create(team=cast.team_a, name="DEPLOY_KEY", value="not really a key")
+    TeamSecretFactory(team=cast.team_a, name="DEPLOY_KEY", value="not really a key")
     url = "ssh://git@127.0.0.1:1/team/repo.git"  # nothing listens on port 1
     workdir = {"kind": "git", "url": url, "deploy_key_secret": "DEPLOY_KEY"}
 

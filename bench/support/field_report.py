@@ -28,7 +28,7 @@ our own computation, printed as measured (not divided by the scale).
 Measures: each configuration is measured in its own drills, interleaved, as a ladder where each
 adds one measure to the one before it (``CONFIGS``): baseline (restore after setup, the command
 downloads the model); 5 overlap (the restore beside setup); 1 staged bf16 (the job's ``stage``
-entries, two snapshots of a fake Hub, ``tests/hub_fake.py``, mirrored once into the team's
+entries, two snapshots of a fake Hub, ``tests/support/hub_fake.py``, mirrored once into the team's
 storage before the first rent; the agent lays the chosen one out in the Hugging Face cache with
 the restore's ranged GETs through the sandbox's metered, throttled proxy, and the command only
 loads it); 1 staged 4-bit (0.3 of the bytes), the files laid out before setup; 5 the model
@@ -248,11 +248,11 @@ def job_env(measure_env: dict[str, str]) -> dict[str, str]:
 
 
 def hub_repos():
-    """The fake Hub's two snapshots of the field report's model (``tests/hub_fake.py``): bf16
-    and 4-bit, sharded, at the bench's byte scale (random bytes: nothing compresses them)."""
+    """The fake Hub's two snapshots of the field report's model (``tests/support/hub_fake.py``):
+    bf16 and 4-bit, sharded, at the bench's byte scale (random bytes: nothing compresses them)."""
     import os
 
-    from tests import hub_fake
+    from tests.support import hub_fake
 
     repos = {}
     for kind, repo in HUB_REPOS.items():
@@ -587,7 +587,7 @@ def run_drills(installation, drills: int, detection_s: float, *, quick: bool = F
     from django.utils import timezone
 
     from jobs import lifecycle
-    from tests import hub_fake
+    from tests.support import hub_fake
 
     settings.HOST_RETURN_CAP_S = RETURN_CAP_S * SCALE
     with hub_fake.running(hub_repos()) as hub:

@@ -13,10 +13,10 @@ import pytest
 from django.utils import timezone
 
 from nomadgpu.models import Role
-from tests.factories import JobFactory, MembershipFactory, make_attempt
+from tests.support.factories import JobFactory, MembershipFactory, make_attempt
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-PASSWORD = "pw-for-tests-only"  # tests.factories.UserFactory's
+PASSWORD = "pw-for-tests-only"  # tests.support.factories.UserFactory's
 
 
 def lines(last: int) -> str:

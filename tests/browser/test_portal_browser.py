@@ -3,7 +3,7 @@ previews offers and submits the toy job from its template, watches it progress w
 reload, sees an injected host loss and the recovery on the timeline, and cancels the job.
 
 The supervisor fixtures (live server, sandbox, Celery worker thread, watchdog tick thread) come
-from ``tests/e2e/conftest.py``. A failing test leaves a screenshot under
+from ``tests/support/supervisor.py``. A failing test leaves a screenshot under
 ``$NOMADGPU_VAR_DIR/screenshots``.
 """
 
@@ -17,14 +17,14 @@ import pytest
 from django.conf import settings
 
 from nomadgpu.models import Role
-from tests.e2e.conftest import celery_worker_thread, sandbox, supervisor  # noqa: F401
-from tests.factories import MembershipFactory
+from tests.support.factories import MembershipFactory
+from tests.support.supervisor import celery_worker_thread, sandbox, supervisor  # noqa: F401
 
 # Playwright's sync API runs an event loop in this thread; Django would refuse DB access.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-PASSWORD = "pw-for-tests-only"  # tests.factories.UserFactory's
+PASSWORD = "pw-for-tests-only"  # tests.support.factories.UserFactory's
 
 
 @pytest.fixture
@@ -64,7 +64,7 @@ def wait_for_step(page, above: int, *, timeout: float) -> int:
 def instance_of(box, job_id: int) -> int:
     """The sandbox instance running JOB_ID, found by its label over the Vast API."""
     from hosts.vast import VastClient
-    from tests.sandbox_support import DEFAULT_KEY
+    from tests.support.sandbox import DEFAULT_KEY
 
     prefix = f"ngpu:{settings.NOMADGPU_ENV}:{job_id}:"
     with VastClient(DEFAULT_KEY, box.url) as client:

@@ -9,8 +9,7 @@ import pytest
 from django.core.cache import cache
 from django.utils import timezone
 
-from jobs.models import Interruption
-from tests.factories import JobFactory, TeamFactory, make_attempt
+from tests.support.factories import InterruptionFactory, JobFactory, TeamFactory, make_attempt
 
 pytestmark = pytest.mark.browser
 
@@ -24,8 +23,7 @@ def public_team(transactional_db):
     for number, days_ago in enumerate([0, 2, 2, 5, 20], start=1):
         attempt, _ = make_attempt(job, number=number, state="ended")
         detected = now - timedelta(days=days_ago, minutes=5)
-        Interruption.objects.create(
-            job=job,
+        InterruptionFactory(
             attempt=attempt,
             cause="heartbeat_timeout",
             detected_at=detected,

@@ -1,6 +1,6 @@
 """The supervisor's processes as real subprocesses, for tests that stop, kill or cut them: the web
 (``manage.py runserver``, as ``make run`` runs it, so ``nomadgpu.wsgi`` and its beacon load) and
-Celery workers. They share the test's database, broker and var dir (``tests.processes``)."""
+Celery workers. They share the test's database, broker and var dir (``tests.support.processes``)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import sys
 import httpx
 import pytest
 
-from tests.processes import ProcessGroup, celery_command, subprocess_env, wait_until
-from tests.s3_support import free_port
+from tests.support.processes import ProcessGroup, celery_command, subprocess_env, wait_until
+from tests.support.s3 import free_port
 
 
 class WebProcess:

@@ -13,15 +13,11 @@ from billing.spend import job_spend
 from jobs.lifecycle import resume_job
 from jobs.models import Checkpoint, Job, JobState
 from nomadgpu.models import ServiceHeartbeat
-from tests.e2e.conftest import (
-    FIELD_REPORT_REQUIREMENTS,
-    live_instances,
-    toy_digest,
-    toy_env,
-    wait_running,
-    wait_state,
-)
-from tests.processes import wait_until
+from tests.support.instances import live_instances
+from tests.support.market import FIELD_REPORT_REQUIREMENTS
+from tests.support.processes import wait_until
+from tests.support.toy import toy_digest, toy_env
+from tests.support.waiting import wait_running, wait_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

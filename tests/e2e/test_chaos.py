@@ -23,35 +23,22 @@ from jobs.models import AttemptState, Checkpoint, Interruption, JobEvent, JobSta
 from jobs.renting import rent as renting
 from nomadgpu.models import ServiceHeartbeat
 from nomadgpu.storage import object_store
-from tests.e2e.conftest import (
-    FIELD_REPORT_REQUIREMENTS,
-    InstanceWatch,
-    live_instances,
+from tests.support.instances import InstanceWatch, live_instances
+from tests.support.market import FIELD_REPORT_REQUIREMENTS
+from tests.support.processes import wait_until
+from tests.support.toy import final_digest_of, submit, toy_digest, toy_env
+from tests.support.waiting import (
     state_of,
-    toy_digest,
-    toy_env,
     wait_checkpoint,
     wait_interruption,
     wait_running,
     wait_state,
 )
-from tests.processes import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 SHORT = toy_env(steps=100, every=20, step_seconds=0.04)  # ~4 s of training
 PYTHON = shlex.quote(sys.executable)
-
-
-def submit(supervisor, env: dict[str, str], **overrides):
-    return supervisor.submit_toy(env=env, total_steps=int(env["TOY_STEPS"]), **overrides)
-
-
-def final_digest_of(job) -> str:
-    last = job.attempts.order_by("-number").first()
-    lines = [line for line in last.log_tail.splitlines() if line.startswith("final-digest: ")]
-    assert lines, f"no final digest in the last attempt's log:\n{last.log_tail[-1000:]}"
-    return lines[-1].removeprefix("final-digest: ")
 
 
 def wait_released(supervisor, job, timeout: float = 30) -> None:

@@ -14,10 +14,12 @@ from django.utils import timezone
 from jobs.models import Interruption, Job, JobState
 from nomadgpu import api_tokens
 from nomadgpu.models import Role
-from tests.cli_support import Follower
-from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS, TOY, TOY_ENV, wait_running
-from tests.factories import MembershipFactory
-from tests.processes import wait_until
+from tests.support.cli import Follower
+from tests.support.factories import MembershipFactory
+from tests.support.market import FIELD_REPORT_REQUIREMENTS
+from tests.support.processes import wait_until
+from tests.support.toy import TOY, TOY_ENV
+from tests.support.waiting import wait_running
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

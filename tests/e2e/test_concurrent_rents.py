@@ -8,8 +8,9 @@ import shutil
 import pytest
 
 from jobs.models import AttemptState
-from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS, TOY, toy_env
-from tests.processes import celery_command, subprocess_env, wait_until
+from tests.support.market import FIELD_REPORT_REQUIREMENTS
+from tests.support.processes import celery_command, subprocess_env, wait_until
+from tests.support.toy import TOY, toy_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -20,7 +21,7 @@ def test_three_jobs_submitted_at_once_on_a_fresh_deploy_all_start(
     from django.utils import timezone
 
     from jobs import lifecycle
-    from tests.factories import TeamFactory, UserFactory
+    from tests.support.factories import TeamFactory, UserFactory
 
     settings.SITE_URL = live_server.url
     settings.STORAGE_BACKEND = "local"

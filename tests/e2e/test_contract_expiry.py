@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from jobs.models import Interruption, JobState
-from tests.e2e.conftest import toy_digest, toy_env, wait_running, wait_state
-from tests.processes import wait_until
+from tests.support.processes import wait_until
+from tests.support.toy import toy_digest, toy_env
+from tests.support.waiting import wait_running, wait_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

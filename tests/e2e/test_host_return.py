@@ -17,17 +17,10 @@ import pytest
 
 from hosts.models import Machine
 from jobs.models import Interruption, JobEvent, JobState
-from tests.e2e.conftest import (
-    InstanceWatch,
-    live_instances,
-    toy_digest,
-    toy_env,
-    wait_checkpoint,
-    wait_running,
-    wait_state,
-)
-from tests.e2e.test_chaos import final_digest_of, submit
-from tests.processes import wait_until
+from tests.support.instances import InstanceWatch, live_instances
+from tests.support.processes import wait_until
+from tests.support.toy import final_digest_of, submit, toy_digest, toy_env
+from tests.support.waiting import wait_checkpoint, wait_running, wait_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

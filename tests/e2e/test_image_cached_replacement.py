@@ -11,16 +11,13 @@ import pytest
 
 from jobs.models import JobState
 from nomadgpu.models import Role
-from tests.e2e.conftest import (
-    FIELD_REPORT_REQUIREMENTS,
-    TOY_ENV,
-    live_instances,
-    wait_running,
-    wait_state,
-)
-from tests.factories import MembershipFactory
-from tests.processes import wait_until
-from tests.sandbox_support import market_offers
+from tests.support.factories import MembershipFactory
+from tests.support.instances import live_instances
+from tests.support.market import FIELD_REPORT_REQUIREMENTS
+from tests.support.processes import wait_until
+from tests.support.sandbox import market_offers
+from tests.support.toy import TOY_ENV
+from tests.support.waiting import wait_running, wait_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -15,7 +15,9 @@ from billing.models import DiscrepancyFlag
 from billing.spend import GB, job_spend
 from jobs.models import JobState
 from sandbox.timing import image_bytes
-from tests.e2e.conftest import FIELD_REPORT_REQUIREMENTS, TOY, toy_env, wait_state
+from tests.support.market import FIELD_REPORT_REQUIREMENTS
+from tests.support.toy import TOY, toy_env
+from tests.support.waiting import wait_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -1,16 +1,17 @@
 """The fire drill with notifications on: a host destroyed halfway on the sandbox produces exactly
 one "host lost" and one "running again" per channel, in that order, then "job finished" —
-through the real hook in ``jobs.services``, the outbox and a real Celery worker, over HTTP to a
-fake Telegram Bot API and a signature-checking webhook receiver."""
+through the real hook (notify's post_save on ``JobEvent``), the outbox and a real Celery worker,
+over HTTP to a fake Telegram Bot API and a signature-checking webhook receiver."""
 
 from __future__ import annotations
 
 import pytest
 
 from jobs.models import Checkpoint, Interruption, JobState
-from notify.models import Channel, Delivery, DeliveryState
-from tests import telegram_fake, webhook_receiver
-from tests.processes import wait_until
+from notify.models import Delivery, DeliveryState
+from tests.support import telegram_fake, webhook_receiver
+from tests.support.factories import ChannelFactory
+from tests.support.processes import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -46,10 +47,10 @@ def state_of(job) -> str:
 
 def test_a_drill_notifies_each_channel_once_per_event_in_order(supervisor, telegram, receiver):
     team = supervisor.team
-    Channel.objects.create(
+    ChannelFactory(
         team=team, kind="telegram", name="ops", chat_id="777", telegram_bot_token="1:drill-bot"
     )
-    Channel.objects.create(
+    ChannelFactory(
         team=team, kind="webhook", name="hook", webhook_url=receiver.url, webhook_secret=SECRET
     )
     # Beats every 3 s: the provider's listing (polled every second here) says "offline" before

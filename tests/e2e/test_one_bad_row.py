@@ -11,10 +11,11 @@ from django.utils import timezone
 
 from jobs.models import Interruption, JobEvent, JobState
 from nomadgpu.models import ServiceHeartbeat
-from tests.e2e.conftest import toy_digest, toy_env, wait_running, wait_state
-from tests.factories import JobFactory, TeamFactory, make_attempt
-from tests.processes import wait_until
-from tests.test_one_bad_row import poison_vast_key
+from tests.support.bad_rows import poison_vast_key
+from tests.support.factories import JobFactory, TeamFactory, make_attempt
+from tests.support.processes import wait_until
+from tests.support.toy import toy_digest, toy_env
+from tests.support.waiting import wait_running, wait_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

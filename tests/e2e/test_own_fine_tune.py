@@ -16,19 +16,14 @@ from django.utils import timezone
 
 from jobs.models import Job, JobEvent, JobState
 from nomadgpu import api_tokens
-from nomadgpu.models import Role, TeamSecret
-from tests.cli_support import Follower
-from tests.e2e.conftest import (
-    FIELD_REPORT_REQUIREMENTS,
-    live_instances,
-    toy_digest,
-    toy_env,
-    wait_checkpoint,
-    wait_running,
-    wait_state,
-)
-from tests.factories import MembershipFactory
-from tests.processes import ROOT, wait_until
+from nomadgpu.models import Role
+from tests.support.cli import Follower
+from tests.support.factories import MembershipFactory, TeamSecretFactory
+from tests.support.instances import live_instances
+from tests.support.market import FIELD_REPORT_REQUIREMENTS
+from tests.support.processes import ROOT, wait_until
+from tests.support.toy import toy_digest, toy_env
+from tests.support.waiting import wait_checkpoint, wait_running, wait_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -111,7 +106,7 @@ def test_code_setup_and_a_secret_reach_every_host_and_the_secret_nowhere_else(
 ):
     team = supervisor.team
     MembershipFactory(team=team, user=supervisor.user, role=Role.ADMIN)
-    TeamSecret.objects.create(team=team, name="HF_TOKEN", value=SECRET)
+    TeamSecretFactory(team=team, name="HF_TOKEN", value=SECRET)
     token = api_tokens.create_token(user=supervisor.user, name="e2e", now=timezone.now())[1]
     job_file = tmp_path / "job.toml"
     job_file.write_text(job_toml(code_folder(tmp_path)))

@@ -9,7 +9,7 @@ import pytest
 
 from jobs import anatomy
 from jobs.models import Attempt, Checkpoint, Interruption, JobState
-from tests.processes import wait_until
+from tests.support.processes import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -16,9 +16,10 @@ import pytest
 
 from jobs import anatomy
 from jobs.models import Interruption, JobState
-from tests import hub_fake
-from tests.e2e.conftest import toy_env, wait_checkpoint, wait_running, wait_state
-from tests.processes import ROOT
+from tests.support import hub_fake
+from tests.support.processes import ROOT
+from tests.support.toy import toy_env
+from tests.support.waiting import wait_checkpoint, wait_running, wait_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

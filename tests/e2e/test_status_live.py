@@ -9,8 +9,8 @@ from django.core.cache import cache
 
 from jobs.models import Interruption
 from nomadgpu.models import Team
-from tests.e2e.conftest import wait_checkpoint, wait_running
-from tests.processes import wait_until
+from tests.support.processes import wait_until
+from tests.support.waiting import wait_checkpoint, wait_running
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

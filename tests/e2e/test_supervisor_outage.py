@@ -23,22 +23,14 @@ from jobs.watchdog.passes import WATCHDOG
 from nomadgpu import ingest
 from nomadgpu.celery import app
 from nomadgpu.models import IngestOutage, ServiceHeartbeat
-from tests.e2e.conftest import (
-    InstanceWatch,
-    Supervisor,
-    beating,
-    point_at_sandbox,
-    toy_digest,
-    toy_env,
-    wait_checkpoint,
-    wait_interruption,
-    wait_running,
-    wait_state,
-)
 from tests.e2e.stack import WebProcess, supervisor_env, worker_process
-from tests.factories import TeamFactory, UserFactory
-from tests.processes import database_url_of_test_db, wait_until
-from tests.tcp_proxy import TcpProxy
+from tests.support.factories import TeamFactory, UserFactory
+from tests.support.instances import InstanceWatch
+from tests.support.processes import database_url_of_test_db, wait_until
+from tests.support.supervisor import Supervisor, beating, point_at_sandbox
+from tests.support.tcp_proxy import TcpProxy
+from tests.support.toy import toy_digest, toy_env
+from tests.support.waiting import wait_checkpoint, wait_interruption, wait_running, wait_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

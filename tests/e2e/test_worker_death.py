@@ -18,19 +18,13 @@ from django.utils import timezone
 from jobs.models import Attempt, JobState
 from jobs.tasks import watchdog_tick
 from nomadgpu.celery import app
-from tests.e2e.conftest import (
-    InstanceWatch,
-    Supervisor,
-    beating,
-    point_at_sandbox,
-    toy_digest,
-    toy_env,
-    wait_running,
-    wait_state,
-)
 from tests.e2e.stack import kill_group, supervisor_env, worker_process
-from tests.factories import TeamFactory, UserFactory
-from tests.processes import wait_until
+from tests.support.factories import TeamFactory, UserFactory
+from tests.support.instances import InstanceWatch
+from tests.support.processes import wait_until
+from tests.support.supervisor import Supervisor, beating, point_at_sandbox
+from tests.support.toy import toy_digest, toy_env
+from tests.support.waiting import wait_running, wait_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -1,28 +1,15 @@
-"""Fixtures shared by the Hugging Face tests (collected only under ``make test-hf``)."""
+"""Fixtures shared by the Hugging Face tests (collected only under ``make test-hf``).
+
+The module's fake S3 (``s3``), the fake Hub and the storage backends (``hub``, ``backend``)
+come from the suite's plugins (``tests.support.agent_runs``, ``tests.support.staging``)."""
 
 from __future__ import annotations
 
-import pytest
-
-from tests.agent_fake_supervisor import FakeS3
-
-
-@pytest.fixture(scope="module")
-def s3():
-    """moto's S3 server, one per module: starting it is most of a short test's time."""
-    server = FakeS3()
-    yield server
-    server.close()
-
-
-# The whole supervisor against the sandbox (tests/e2e/conftest.py), for the template that runs
-# the tiny QLoRA there: a live web process, a worker, watchdog ticks, the real agent.
-from tests.e2e.conftest import (  # noqa: E402, F401
+# The whole supervisor against the sandbox (tests/support/supervisor.py), for the template that
+# runs the tiny QLoRA there: a live web process, a worker, watchdog ticks, the real agent.
+from tests.support.supervisor import (  # noqa: F401
     celery_worker_thread,
     pytest_configure,
     sandbox,
     supervisor,
 )
-
-# The fake Hub and the storage backends of the staging tests (tests/test_staging.py).
-from tests.test_staging import backend, hub  # noqa: E402, F401

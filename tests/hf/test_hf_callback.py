@@ -28,26 +28,14 @@ from agent.hf import NomadCallback
 from hosts import selection
 from jobs.lifecycle import submit_job
 from jobs.renting import terms
-from tests.agent_fake_supervisor import ROOT, FakeJob, FakeSupervisor, start_agent
-from tests.test_agent_runtime import steps_seen, tar_members
-from tests.test_selection import load_market
+from tests.support.agent_fake_supervisor import FakeJob, FakeSupervisor, start_agent
+from tests.support.agent_runs import steps_seen, tar_members
+from tests.support.market import load_market
+from tests.support.qlora import OFFLINE, QLORA, TINY_FLAGS, TRAIN
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"  # raised inside peft
 )
-
-QLORA = ROOT / "examples" / "qlora"
-TRAIN = QLORA / "train.py"
-TINY_FLAGS = ["--tiny", "--save-steps", "4", "--batch-size", "2", "--grad-accum", "1"]
-# The command's environment: nothing may reach a hub, and two cores are shared.
-OFFLINE = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
 
 
 def load_train_module() -> ModuleType:

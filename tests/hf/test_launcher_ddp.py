@@ -24,17 +24,19 @@ import torch
 from safetensors.torch import load as load_safetensors
 
 from jobs.watchdog.stall import is_stalled
-from tests.agent_fake_supervisor import Attempt, FakeJob, FakeSupervisor, start_agent
-from tests.hf.test_hf_callback import OFFLINE, TINY_FLAGS, TRAIN
-from tests.hf.test_trainer_resume_digest import (
+from tests.support.agent_fake_supervisor import Attempt, FakeJob, FakeSupervisor, start_agent
+from tests.support.agent_runs import steps_seen, tar_members
+from tests.support.processes import wait_until
+from tests.support.qlora import (
     HOLD,
+    OFFLINE,
+    TINY_FLAGS,
+    TRAIN,
     finished,
     lose_the_host_once_ready,
     ready_steps,
     run_to_the_end,
 )
-from tests.processes import wait_until
-from tests.test_agent_runtime import steps_seen, tar_members
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"  # raised inside peft

@@ -12,8 +12,8 @@ from django.utils import timezone
 from jobs import drill
 from jobs.models import JobState
 from jobs.spec import JobSpec, submit_spec
-from tests.e2e.conftest import wait_checkpoint, wait_running, wait_state
-from tests.hf.test_qlora_tiny_sandbox import FINISHED, tiny_spec, uninterrupted_digest
+from tests.support.qlora import FINISHED, tiny_spec, uninterrupted_digest
+from tests.support.waiting import wait_checkpoint, wait_running, wait_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

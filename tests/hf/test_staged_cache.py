@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from tests.factories import make_attempt
-from tests.test_staging import run_agent, staged_job
+from tests.support.factories import make_attempt
+from tests.support.staging import run_agent, staged_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

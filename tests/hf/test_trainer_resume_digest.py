@@ -11,92 +11,38 @@ at whichever checkpoint the upload had reached) the same way.
 
 from __future__ import annotations
 
-import re
 import shlex
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load as load_safetensors
 
 from jobs.job_templates import template_spec
-from tests.agent_fake_supervisor import Attempt, FakeJob, FakeSupervisor, start_agent
-from tests.hf.test_hf_callback import OFFLINE, TINY_FLAGS, TRAIN
-from tests.processes import wait_until
-from tests.test_agent_runtime import steps_seen, tar_members
+from tests.support.agent_fake_supervisor import Attempt, FakeJob, FakeSupervisor
+from tests.support.agent_runs import steps_seen, tar_members
+from tests.support.qlora import (
+    HOLD,
+    OFFLINE,
+    TINY_FLAGS,
+    TRAIN,
+    finished,
+    lose_the_host_once_ready,
+    lose_the_host_past,
+    ready_steps,
+    run_to_the_end,
+)
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"  # raised inside peft
 )
 
-HOLD = Path(__file__).with_name("hold_after_checkpoint.py")
 KILLED_AT, TOTAL = 8, 12  # checkpoints every 4 steps (TINY_FLAGS)
-FINISHED = re.compile(r"finished at step (\d+), adapter sha256 ([0-9a-f]{64})")
 
 
 def tiny_command(trainer: str, *, hold_after: int | None = None) -> str:
     script = [str(HOLD), str(hold_after)] if hold_after else [str(TRAIN)]
     return shlex.join([sys.executable, *script, *TINY_FLAGS, "--trainer", trainer])
-
-
-def run_to_the_end(supervisor: FakeSupervisor, workdir: Path) -> Attempt:
-    attempt = supervisor.new_attempt()
-    run = start_agent(supervisor, attempt, workdir)
-    try:
-        assert run.wait(180) == 0, run.log()
-    finally:
-        run.stop()
-    assert attempt.exit["reason"] == "finished", attempt.exit
-    return attempt
-
-
-def lose_the_host_once_ready(supervisor: FakeSupervisor, workdir: Path, step: int) -> Attempt:
-    """Run until checkpoint STEP is uploaded and ready, then SIGKILL the agent and the command:
-    the host is gone, with no exit call and nothing flushed."""
-    attempt = supervisor.new_attempt()
-    run = start_agent(supervisor, attempt, workdir)
-    try:
-        wait_until(
-            lambda: run.proc.poll() is not None or step in ready_steps(supervisor, attempt),
-            timeout=180,
-            what=f"checkpoint {step} to be uploaded",
-        )
-        assert run.proc.poll() is None, run.log()
-    finally:
-        run.stop()
-    return attempt
-
-
-def lose_the_host_past(supervisor: FakeSupervisor, workdir: Path, step: int) -> Attempt:
-    """Run until a checkpoint past STEP is ready, then SIGKILL the agent and the command, as
-    a drill does: the newest ready checkpoint is whichever the upload had reached."""
-    attempt = supervisor.new_attempt()
-    run = start_agent(supervisor, attempt, workdir)
-    try:
-        wait_until(
-            lambda: (
-                run.proc.poll() is not None
-                or max(ready_steps(supervisor, attempt), default=0) > step
-            ),
-            timeout=180,
-            what=f"a checkpoint past step {step}",
-        )
-        assert run.proc.poll() is None, run.log()
-    finally:
-        run.stop()
-    return attempt
-
-
-def finished(attempt: Attempt) -> tuple[int, str]:
-    """(final step, adapter digest) as train.py printed them last."""
-    match = FINISHED.search(attempt.exit["log_tail"])
-    assert match, attempt.exit["log_tail"]
-    return int(match[1]), match[2]
-
-
-def ready_steps(supervisor: FakeSupervisor, attempt: Attempt) -> list[int]:
-    return [c.step for c in supervisor.ready_checkpoints(attempt)]
 
 
 def final_adapter(supervisor: FakeSupervisor, attempt: Attempt) -> dict[str, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""A local HTTP server speaking Vast's billing endpoints (``shared/vast-api.md`` §6) from a
+"""A local HTTP server speaking Vast's billing endpoints (``docs/vast-api.md`` §6) from a
 fixed ledger, for tests that need volume (hundreds of charges) or a failure halfway.
 
 ``GET /api/v0/charges/`` answers as Vast does (``sandbox/README.md``, "Charges"): the

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import threading
 
-from tests.processes import ROOT, wait_until
+from tests.support.processes import ROOT, wait_until
 
 
 class Follower:

@@ -15,7 +15,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def wait_until(predicate: Callable[[], object], *, timeout: float, what: str, every=0.1):

@@ -7,7 +7,7 @@ import contextlib
 import socket
 import threading
 
-from tests.s3_support import free_port
+from tests.support.s3 import free_port
 
 
 class TcpProxy:

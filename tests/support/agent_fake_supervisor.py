@@ -6,6 +6,9 @@ validates payloads about as strictly as the real schemas should, so a drift in t
 wire format fails here first. A job's code comes as a code pack in the same storage
 (``store_code_pack``, as the member API stores one) or as a git commit (``use_git``; tests make
 a bare repository with ``git_repository`` and serve it over file://).
+
+Over 500 lines on purpose: ``FakeSupervisor`` is the protocol's whole supervisor side in one
+class, the working reference agent/PROTOCOL.md points to.
 """
 
 from __future__ import annotations
@@ -31,10 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from agent import procs
-from tests.processes import wait_until
-from tests.s3_support import free_port
+from tests.support.processes import wait_until
+from tests.support.s3 import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "examples" / "toy" / "train.py"
 TAIL_LIMIT = 8 * 1024
 PHASES = {"restoring", "running", "uploading", "exiting"}

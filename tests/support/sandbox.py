@@ -22,9 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.processes import wait_until
+from tests.support.processes import wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_KEY = "sandbox-key"
 FAST_FLAGS = ("--fast", "--relaxed-rate-limits")
 MARKET = ROOT / "sandbox" / "market" / "offers.json"
