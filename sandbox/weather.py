@@ -94,11 +94,11 @@ class Mix:
 
 
 # Links: Vast's inet_down is its own speed test; a pull from a registry or a download from a
-# bucket gets less. noema moved 33 GB in 340-466 s (570-780 Mbit/s) on hosts advertising about
-# 1 Gbit/s; its shootout saw a 30 GB image take 9-32 min on a cold community host (125-445
-# Mbit/s). Hazards of `bad` are fitted to noema (1 never ready, 5 lost in the download of 10);
-# `good` and `typical` to the 95 % and 75 %. Losses while running are guesses (no public
-# rate): a median host lost once in 100 / 25 / 10 running hours.
+# bucket often gets less. noema moved 33 GB in 340-466 s (570-780 Mbit/s); its shootout saw a
+# 30 GB image take 9-32 min on a cold community host (125-445 Mbit/s), against a bundled market
+# whose median inet_down is 928 Mbit/s. Hazards of `bad` are fitted to noema (1 never ready, 5
+# lost in the download of 10); `good` and `typical` to the 95 % and 75 %. Losses while
+# running are guesses (no public rate): a median host lost once in 100 / 25 / 10 running hours.
 MIXES = {
     NONE: Mix(0.0, 0.0, 0.0, 0.0, (1.0, 1.0), (1.0, 1.0)),
     "good": Mix(0.01, 0.18, 0.01, 0.0, (0.6, 1.0), (0.8, 1.0)),
