@@ -19,9 +19,14 @@ def cmd_drill(api: Api, args: argparse.Namespace) -> int:
         wait_running(api, args.job, poll_s=args.poll, timeout_s=args.timeout)
         cursor = api.get(f"/jobs/{args.job}/events", after=0, limit=1000)["cursor"]
         drill = api.post(f"/jobs/{args.job}/drill")
+        at = (
+            " before its first step"
+            if drill["step"] is None
+            else f" at step {drill['step']} (its last heartbeat)"
+        )
         print(
             f"drill {n}/{args.times}: destroyed instance {drill['instance_id']} "
-            f"(attempt {drill['attempt']}) at step {drill['step']} (its last heartbeat)"
+            f"(attempt {drill['attempt']}){at}"
         )
         code = follow_job(
             api,

@@ -23,7 +23,8 @@ from billing.reconcile import machine_and_training_hours, reconcile_job
 from jobs import anatomy
 from jobs.job_status import early_finish_note
 from jobs.models import Interruption, Job, JobEvent
-from nomadgpu.humanize import duration, money
+from nomadgpu.humanize import duration, money, percent_of
+from nomadgpu.team_admins import admin_names
 from notify.models import EventKind
 
 LOG_LINES = 8
@@ -216,6 +217,22 @@ def data_item(key: str, value) -> tuple[str, object]:
     return key.replace("_", " "), value
 
 
+def budget_facts(event: JobEvent, job: Job) -> dict:
+    """A budget warning or pause: the generic items, the share of the limit the event fired
+    at, from its amounts as written ("82 %", the one its sentence quotes, never the 80 % or
+    100 % marks), and, for a pause, who can raise the limit (the team's admins, by name)."""
+    data = event.data or {}
+    percent = data.get("percent_used")
+    if percent is None and data.get("limit_usd") and data.get("spent_usd") is not None:
+        percent = percent_of(data["spent_usd"], data["limit_usd"])
+    return {**generic_facts(event, job), "percent": percent, "admins": admin_names(job.team)}
+
+
+def resume_asked_facts(event: JobEvent, job: Job) -> dict:
+    """A member's ask to resume: the sentence says who asked and why; the admins are named."""
+    return {"items": [], "admins": admin_names(job.team)}
+
+
 def needs_attention_facts(event: JobEvent, job: Job) -> dict:
     """The message names each field at fault and what to do: nothing to list beside it."""
     return {"items": []}
@@ -228,4 +245,7 @@ FACTS = {
     EventKind.FINISHED: finished_facts,
     EventKind.FAILED: failed_facts,
     EventKind.NO_OFFERS: no_offers_facts,
+    EventKind.BUDGET_WARNING: budget_facts,
+    EventKind.BUDGET_PAUSED: budget_facts,
+    EventKind.RESUME_ASKED: resume_asked_facts,
 }
