@@ -483,10 +483,9 @@ def release(pause: BudgetPause, *, now: datetime) -> bool:
     logger.info("job %s paused by the %s", pause.job_id, label)
     at = f"at {share(used, limit_usd)} of the {label} ({money(used)} spent)" if status else ""
     when = "crossed already" if status and used >= limit_usd else "before it is crossed"
-    message = (
-        f"paused {at or 'by the ' + label}, {when}: machine released, progress kept at "
-        f"checkpoint {step} (job spend {money(spent)})"
-    )
+    kept = f"progress kept at checkpoint {step}" if step is not None else "no checkpoint yet"
+    message = f"paused {at or 'by the ' + label}, {when}: machine released, {kept} "
+    message += f"(job spend {money(spent)})"
     data = {
         "limit": pause.limit,
         "limit_usd": float(limit_usd),

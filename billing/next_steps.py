@@ -34,12 +34,6 @@ WAIT_KEY = "start_when_budget_allows"
 # The job's own limit: the form's field and the spec key.
 BUDGET_FIELD = "Budget (USD)"
 BUDGET_KEY = "budget_usd"
-PERIOD_NAMES = {
-    LimitKind.DAY: "day",
-    LimitKind.WEEK: "week",
-    LimitKind.MONTH: "month",
-    LimitKind.MEMBER_MONTH: "month",
-}
 
 
 def starts_again(status: LimitStatus) -> datetime | None:
@@ -64,11 +58,12 @@ def rollover_text(status: LimitStatus, team, *, now: datetime) -> str:
     moment = starts_again(status)
     if moment is None:
         return ""
-    return f"the {status.label} starts again at {moment_text(moment, team.time_zone, now=now)}"
+    name = f"{LimitKind(status.kind).label} limit"
+    return f"the {name} starts again at {moment_text(moment, team.time_zone, now=now)}"
 
 
 def submit_refusal(status: LimitStatus, estimate_usd: float, team, *, now: datetime) -> str:
-    """What a submitter refused by STATUS's limit can do (module docstring), as one sentence
+    """What a submitter refused by STATUS's limit can do (module docstring), as the sentence
     after the refusal's numbers."""
     if status.kind == LimitKind.JOB:
         return (
@@ -76,17 +71,14 @@ def submit_refusal(status: LimitStatus, estimate_usd: float, team, *, now: datet
             f"form, {BUDGET_KEY} in a job file or the API), or none: the team's limits still "
             "apply."
         )
-    ask = f"ask a team admin ({admin_names(team)}) to raise the {status.label}"
+    ask = f"ask a team admin ({admin_names(team)}) to raise it"
     if estimate_usd > float(status.limit_usd):
         return (
             f"The estimate alone is more than the whole {status.label}, so waiting does not "
             f"help. What you can do: {ask}, or make the job smaller."
         )
-    period = PERIOD_NAMES[status.kind]
     return (
-        f"What you can do: wait for the {period} to roll over "
-        f"({rollover_text(status, team, now=now)}); {ask}; or submit with "
-        f'"{WAIT_FIELD}" '
-        f"(the form's checkbox; {WAIT_KEY} = true in a job file or the API) and the job waits "
-        "in the queue until it fits."
+        f"What you can do: wait until {rollover_text(status, team, now=now)}; {ask}; or "
+        f'submit with "{WAIT_FIELD}" (the form\'s checkbox, or {WAIT_KEY} = true in a job '
+        "file or the API) to queue the job until it fits."
     )

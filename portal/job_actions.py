@@ -30,7 +30,7 @@ from billing import resume
 from hosts.vast import VastError
 from jobs import lifecycle
 from jobs.drill import DrillError, destroy_running_host, step_words
-from jobs.models import Job
+from jobs.models import Job, JobState
 from jobs.spending import BudgetExceeded
 from nomadgpu.permissions import can_manage_team, get_visible_or_404
 from nomadgpu.team_admins import admin_names, name_of
@@ -72,6 +72,9 @@ def job_ask_resume(request: HttpRequest, job_id: int) -> HttpResponse:
     """A member asks the team's admins to resume a budget-paused job, once per pause."""
     job = _visible_job(request, job_id)
     now = timezone.now()
+    if job.state != JobState.PAUSED_BUDGET:
+        messages.info(request, f"Nothing to ask: job {job.pk} is not paused by a limit.")
+        return _to_job(request, job)
     if can_manage_team(request.user, job.team):
         messages.info(request, "You are an admin of the team: raise the limit, then Resume.")
         return _to_job(request, job)
@@ -80,7 +83,7 @@ def job_ask_resume(request: HttpRequest, job_id: int) -> HttpResponse:
         return _to_job(request, job)
     try:
         ask, made = resume.ask_to_resume(job, user=request.user, now=now)
-    except resume.NotPaused as exc:
+    except resume.NotPaused as exc:  # resumed or cancelled since the page was read
         messages.info(request, f"Nothing to ask: {exc}.")
         return _to_job(request, job)
     admins = admin_names(job.team)
