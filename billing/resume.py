@@ -170,6 +170,8 @@ def banner_line(job: Job, *, user, now: datetime) -> SafeString:
         return format_html(
             '<a href="{}">{}</a> can be resumed now: the limits allow the rest of it', url, job.name
         )
+    if help_.is_admin and not help_.limits_url:  # no limit to raise: the page says why
+        return format_html('<a href="{}">{}</a> is paused: {}', url, job.name, help_.blocker)
     if help_.is_admin:
         asked = ""
         if help_.asked:

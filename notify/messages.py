@@ -206,8 +206,10 @@ def no_offers_facts(event: JobEvent, job: Job) -> dict:
 
 def generic_facts(event: JobEvent, job: Job) -> dict:
     """Budget and invoice events (and any later kind): the message and the event's data, its
-    dollar amounts (keys ending ``_usd``) by the money rule, as the message writes them."""
-    return {"items": [data_item(k, v) for k, v in (event.data or {}).items()]}
+    dollar amounts (keys ending ``_usd``) by the money rule, as the message writes them; an
+    unknown value (no checkpoint yet) is left out rather than written "None"."""
+    data = (event.data or {}).items()
+    return {"items": [data_item(k, v) for k, v in data if v is not None]}
 
 
 def data_item(key: str, value) -> tuple[str, object]:

@@ -1,8 +1,8 @@
 """The portal's pages: the dashboard, a team's page, and the job pages (list, submit with
 offers and cost before submit, detail, cancel, checkpoint download; resume, ask to resume and
-the drill are ``portal.job_actions``). Every page works
-without JavaScript; with htmx the live parts are fragments of the same templates
-(``page.html#fragment``), polled every few seconds while the job can change.
+the drill are ``portal.job_actions``). Every page works without JavaScript; with htmx the live
+parts are fragments of the same templates (``page.html#fragment``), polled every few seconds
+while the job can change.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
+from jobs import drill
+from nomadgpu_cli import drill as cli_drill
 from tests.support.factories import JobFactory, make_attempt
 from tests.support.sandbox import DEFAULT_KEY
 
@@ -115,3 +117,10 @@ def test_a_job_without_a_running_host_has_no_button_and_no_drill(client, cast):
         response.content.decode()
     )
     assert not job.events.filter(kind="drill").exists()
+
+
+@pytest.mark.parametrize(
+    ("step", "words"), [(None, " before its first step"), (48, " at step 48 (its last heartbeat)")]
+)
+def test_the_cli_and_the_server_say_where_the_host_had_got_to_alike(step, words):
+    assert drill.step_words(step) == cli_drill.step_words(step) == words

@@ -91,7 +91,9 @@ def test_the_pause_quotes_the_share_it_fired_at_short_of_100_percent(paused, cas
     assert event.data["percent_used"] == 99
     assert event.data["spent_usd"] == pytest.approx(0.0797)
     assert "Paused at 99 % of a spending limit" in message.text  # not "Budget reached"
+    assert message.title == "Budget pause"  # the kind's name quotes no share of its own
     assert "To resume: a team admin (alice) raises the limit" in message.text
+    assert "None" not in message.text  # no checkpoint yet: the item is left out
 
 
 def test_a_limit_already_crossed_says_so_with_its_share(cast, settings):
