@@ -33,8 +33,9 @@ class TeamBudgetAdmin(TeamScopedAdmin):
             {
                 "fields": ["team", "daily_usd", "weekly_usd", "monthly_usd", "member_monthly_usd"],
                 "description": "Calendar periods in the team's time zone; weeks start on "
-                "Monday. At 80 % a warning is sent once per limit and period; at 100 % jobs are "
-                "checkpointed, their machines released and they wait as 'Paused (budget)'. "
+                "Monday. At 80 % a warning is sent once per limit and period; just before "
+                "100 % (a budget pass ahead of the crossing) jobs are checkpointed, their "
+                "machines released and they wait as 'Paused (budget)'. "
                 "A job's own limit is set on the job.",
             },
         )

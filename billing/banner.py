@@ -6,7 +6,10 @@ The banner is measured on each render, from the same limits enforcement checks
 the active jobs' own limits), so it shows the current share of each limit past 80 %
 ("Daily limit $0.0800: 99 % used ($0.0792)"), and a line goes as soon as the limit is
 raised above it or its period rolls over. The warning rows (``BudgetWarning``) stay what they
-are: the record that a notification went out once.
+are: the record that a notification went out once. Each job a limit paused has a line saying
+what the reader can do about it (``billing.resume``): an admin is sent to the limit's page
+(and told who asked to resume), a member is told which admins can raise it, and once the
+job fits again both read that it can be resumed now.
 
 While any limit applies to the team the banner polls its own fragment (``limits_banner``,
 htmx, every ``POLL_S``), as the job page polls its live part; a team without limits is
@@ -25,11 +28,13 @@ from django.urls import reverse
 
 from billing.enforce import statuses_to_check
 from billing.models import LimitKind, TeamBudget
+from billing.resume import banner_line
 from billing.services import WARN_AT, LimitStatus
 from jobs.models import Job, JobState
 from nomadgpu.humanize import money, percent_of
 from nomadgpu.permissions import get_team_for_member_or_404
 
+PAUSED_LINES = 3  # a line each for the newest paused jobs; beyond, a count
 POLL_S = 10  # the budget pass runs every few seconds; a banner a few seconds late is fine
 WARN_PERCENT = round(WARN_AT * 100)
 
@@ -78,9 +83,11 @@ def limit_line(status: LimitStatus) -> str:
     return f"{status.label.capitalize()}{whose(status)}: {pct} % used ({money(status.spent_usd)})"
 
 
-def lines_for(team, *, now: datetime) -> list[str]:
+def lines_for(team, *, now: datetime, user=None) -> list[str]:
     """The banner's lines for TEAM at NOW: each limit at or past 80 % in its current period,
-    fullest first, then the jobs a limit paused (they stay paused until resumed)."""
+    fullest first, then the jobs a limit paused (they stay paused until resumed), each with
+    what USER can do about it (``billing.resume.banner_line``: raise the limit, ask an admin
+    by name, or resume now that it fits)."""
     statuses = [
         s
         for s in statuses_to_check(team, now=now)
@@ -88,20 +95,24 @@ def lines_for(team, *, now: datetime) -> list[str]:
     ]
     statuses.sort(key=lambda s: s.ratio, reverse=True)
     lines = [limit_line(s) for s in statuses[:5]]
-    paused = Job.objects.filter(team=team, state=JobState.PAUSED_BUDGET).count()
-    if paused:
+    paused = Job.objects.filter(team=team, state=JobState.PAUSED_BUDGET).select_related("team")
+    shown = list(paused.order_by("-updated_at", "-pk")[: PAUSED_LINES + 1])
+    if user is not None:
+        lines += [banner_line(job, user=user, now=now) for job in shown[:PAUSED_LINES]]
+    if len(shown) > PAUSED_LINES or (user is None and shown):
+        count = paused.count()
         lines.append(
-            f"{paused} job{'s' if paused != 1 else ''} paused by a spending limit: "
-            "raise the limit, then resume from the job page"
+            f"{count} job{'s' if count != 1 else ''} paused by a spending limit: "
+            "see each job's page for what can be done"
         )
     return lines
 
 
-def banner_for(team, *, now: datetime) -> Banner:
-    """The banner of TEAM at NOW (nothing for no team)."""
+def banner_for(team, *, now: datetime, user=None) -> Banner:
+    """The banner of TEAM at NOW as USER sees it (nothing for no team)."""
     if team is None:
         return Banner([])
-    lines = lines_for(team, now=now)
+    lines = lines_for(team, now=now, user=user)
     polled = bool(lines) or limits_apply(team)
     url = reverse("budget-banner", args=[team.slug]) if polled else ""
     return Banner(lines, url)

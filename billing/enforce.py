@@ -27,9 +27,10 @@ runs out:
    not end the run, and the machine is never released early with less than half the
    attempt's money used. A pass that sees spend jump (a traffic burst) brings the deadline
    forward. At release the job goes paused_budget (``lifecycle.pause_for_budget``) with an
-   event naming the limit. A job without a host (renting, recovering) is paused at once; a
-   queued one is left waiting: the rent reservation keeps it from starting until the budget
-   allows (a new period, a raised limit).
+   event naming the limit and the share it fired at: short of 100 % by design, the release
+   being a pass or more before the crossing ("paused at 99 % of the daily limit $0.0800
+   ($0.0792 spent), before it is crossed"). A job without a host is paused at once; a queued
+   one waits: its rent reservation holds it until the budget allows (a period, a raise).
 
 Every step is a guarded claim (unique open pause per job, warning keys, guarded transitions),
 so two enforcers at once, or a tick repeated after a worker restart, do nothing twice. Spend
@@ -52,12 +53,13 @@ from billing.services import (
     LimitStatus,
     job_limit_status,
     limit_label,
+    limit_now,
     team_limit_statuses,
 )
 from billing.spend import job_spend
 from jobs import attention, lifecycle
 from jobs.models import ACTIVE_STATES, ON_HOST_STATES, Attempt, AttemptState, Checkpoint, Job
-from nomadgpu.humanize import money
+from nomadgpu.humanize import money, percent_of, share
 from nomadgpu.models import ServiceHeartbeat, Team
 
 logger = logging.getLogger(__name__)
@@ -475,16 +477,21 @@ def release(pause: BudgetPause, *, now: datetime) -> bool:
         return False  # finished, failed or cancelled meanwhile: nothing to release
     step = Checkpoint.objects.filter(job=job).newest_ready_step()
     spent = job_spend(job, now=now).total
-    label = limit_label(pause.limit, pause.limit_usd)
+    status = limit_now(job, pause.limit, now=now)  # the share it fired at, short of 100 %
+    limit_usd, used = (status.limit_usd, status.spent_usd) if status else (pause.limit_usd, 0.0)
+    label = limit_label(pause.limit, limit_usd)
     logger.info("job %s paused by the %s", pause.job_id, label)
-    message = (
-        f"paused by the {label}: machine released, progress kept at checkpoint "
-        f"{step} (job spend {money(spent)})"
-    )
+    at = f"at {share(used, limit_usd)} of the {label} ({money(used)} spent)" if status else ""
+    when = "crossed already" if status and used >= limit_usd else "before it is crossed"
+    kept = f"progress kept at checkpoint {step}" if step is not None else "no checkpoint yet"
+    message = f"paused {at or 'by the ' + label}, {when}: machine released, {kept} "
+    message += f"(job spend {money(spent)})"
     data = {
         "limit": pause.limit,
-        "limit_usd": float(pause.limit_usd),
-        "spent_usd": round(pause.spent_usd, 6),
+        "limit_usd": float(limit_usd),
+        # the limit's spend and share when the machine was released: what the message quotes
+        "spent_usd": round(used if status else pause.spent_usd, 6),
+        "percent_used": percent_of(used, limit_usd) if status else None,
         "job_spend_usd": round(spent, 6),
         "checkpoint_step": step,
     }

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from jobs.models import Attempt, Job
+from jobs.models import Attempt, Job, JobEvent
 from nomadgpu.models import Team
 
 
@@ -116,6 +116,22 @@ class BudgetReservation(models.Model):
 
     def __str__(self) -> str:
         return f"${self.amount_usd:.2f} for {self.job}"
+
+
+class ResumeRequest(models.Model):
+    """A member's ask that the team's admins resume a budget-paused job (``billing.next_steps``):
+    one per pause, keyed by the ``budget_paused`` event that paused the job, so asking again
+    notifies no one twice; a later pause can be asked about again."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="resume_requests")
+    pause_event = models.OneToOneField(JobEvent, on_delete=models.CASCADE, related_name="+")
+    asked_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
+    )
+    asked_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.asked_by} asks to resume {self.job}"
 
 
 # --- Invoices: charges and payments imported from Vast, reconciliation flags -----------------

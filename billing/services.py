@@ -26,6 +26,7 @@ from decimal import Decimal
 
 from django.db.models import Q
 
+from billing import next_steps
 from billing.models import BudgetPause, BudgetReservation, LimitKind, TeamBudget
 from billing.periods import period_bounds
 from billing.spend import burn_rate_per_hour, job_spend, spend_between
@@ -182,6 +183,12 @@ def statuses_for_job(job: Job, *, now: datetime) -> list[LimitStatus]:
     return ([own] if own else []) + team
 
 
+def limit_now(job: Job, kind: str, *, now: datetime) -> LimitStatus | None:
+    """Where JOB's limit of KIND stands at NOW (the per-member one: its submitter's); None
+    when that limit is not set (any more)."""
+    return next((s for s in statuses_for_job(job, now=now) if s.kind == kind), None)
+
+
 # --- Estimates, pre-flight and reservations ----------------------------------------------------
 
 
@@ -238,27 +245,41 @@ def _held_by_others(status: LimitStatus, job: Job, *, now: datetime) -> float:
     return sum(held_usd(r, now=now) for r in held)
 
 
-def estimate_blocker(job: Job, estimate_usd: float, *, now: datetime) -> str | None:
-    """Why spending ESTIMATE_USD more on JOB would cross a limit (with the numbers), else None.
-    Counts budget other active jobs have reserved."""
+def blocking_limit(
+    job: Job, estimate_usd: float, *, now: datetime
+) -> tuple[LimitStatus, str] | None:
+    """The first limit that spending ESTIMATE_USD more on JOB would cross, and why (with the
+    numbers), else None. Counts budget other active jobs have reserved."""
     for status in statuses_for_job(job, now=now):
         held = _held_by_others(status, job, now=now)
         if status.spent_usd + held + estimate_usd > float(status.limit_usd):
             others = f" + {money(held)} reserved by running jobs" if held else ""
-            return (
+            return status, (
                 f"estimated cost {money(estimate_usd)} would cross the {status.label}: "
                 f"{money(status.spent_usd)} spent{others}"
             )
     return None
 
 
+def estimate_blocker(job: Job, estimate_usd: float, *, now: datetime) -> str | None:
+    """Why spending ESTIMATE_USD more on JOB would cross a limit (``blocking_limit``), else None."""
+    found = blocking_limit(job, estimate_usd, now=now)
+    return None if found is None else found[1]
+
+
 def preflight(job: Job, *, now: datetime) -> Verdict:
     """At submit: refused when JOB's estimated cost would cross a limit, unless the submitter
-    asked to start when the budget allows (the job then waits in the queue)."""
+    asked to start when the budget allows (the job then waits in the queue). The refusal says
+    what can be done about it (``billing.next_steps.submit_refusal``)."""
     if job.start_when_budget_allows:
         return ALLOW
-    blocker = estimate_blocker(job, estimate_remaining_usd(job), now=now)
-    return ALLOW if blocker is None else Verdict(allowed=False, reason=f"Refused: {blocker}.")
+    estimate = estimate_remaining_usd(job)
+    found = blocking_limit(job, estimate, now=now)
+    if found is None:
+        return ALLOW
+    status, blocker = found
+    reason = f"Refused: {blocker}. {next_steps.submit_refusal(status, estimate, job.team, now=now)}"
+    return Verdict(allowed=False, reason=reason)
 
 
 def reserve_for_rent(job: Job, *, now: datetime) -> Verdict:
@@ -296,13 +317,20 @@ def reserve_for_rent(job: Job, *, now: datetime) -> Verdict:
 # --- Resume -----------------------------------------------------------------------------------
 
 
-def resume_blocker(job: Job, *, now: datetime) -> str | None:
-    """Why JOB cannot resume now, else None: a limit still reached, or the rest of the run
-    estimated to cross one (the rent reservation would hold it in the queue otherwise)."""
+def resume_limit(job: Job, *, now: datetime) -> tuple[LimitStatus, str] | None:
+    """The limit that keeps JOB from resuming now, and why, else None: a limit still reached,
+    or the rest of the run estimated to cross one (the rent reservation would hold it in the
+    queue otherwise)."""
     for status in statuses_for_job(job, now=now):
         if status.spent_usd >= float(status.limit_usd):
-            return f"the {status.label} is still reached ({money(status.spent_usd)} spent)"
-    return estimate_blocker(job, estimate_remaining_usd(job), now=now)
+            return status, f"the {status.label} is still reached ({money(status.spent_usd)} spent)"
+    return blocking_limit(job, estimate_remaining_usd(job), now=now)
+
+
+def resume_blocker(job: Job, *, now: datetime) -> str | None:
+    """Why JOB cannot resume now (``resume_limit``), else None."""
+    found = resume_limit(job, now=now)
+    return None if found is None else found[1]
 
 
 def resume_verdict(job: Job, *, now: datetime) -> Verdict:

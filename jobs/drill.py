@@ -36,6 +36,12 @@ def running_attempt(job: Job) -> Attempt:
     return attempt
 
 
+def step_words(step: int | None) -> str:
+    """Where the destroyed host had got to: " at step 48 (its last heartbeat)", or " before its
+    first step" when no heartbeat reported one yet (never "at step None")."""
+    return " before its first step" if step is None else f" at step {step} (its last heartbeat)"
+
+
 def destroy_running_host(job: Job, *, by: str = "") -> Attempt:
     """Destroy the instance under JOB's running attempt, the way a host dies, and put a
     ``drill`` event on the timeline; returns the attempt. Raises DrillError when nothing runs;
@@ -43,12 +49,12 @@ def destroy_running_host(job: Job, *, by: str = "") -> Attempt:
     attempt = running_attempt(job)
     with VastClient.from_settings(job.team) as client:
         client.destroy_instance(attempt.instance_id)
-    at_step = f" at step {attempt.step} (its last heartbeat)" if attempt.step is not None else ""
     lifecycle.record_event(
         job.pk,
         now=timezone.now(),
         kind="drill",
-        message=f"fire drill: instance {attempt.instance_id} destroyed {by}".rstrip() + at_step,
+        message=f"fire drill: instance {attempt.instance_id} destroyed {by}".rstrip()
+        + step_words(attempt.step),
         attempt=attempt.number,
         instance_id=attempt.instance_id,
     )
@@ -61,10 +67,7 @@ def drill_once(
     """Destroy the job's running host and wait until training runs again elsewhere."""
     attempt = destroy_running_host(job, by="by manage.py drill")
     destroyed_at = timezone.now()
-    say(
-        f"destroyed instance {attempt.instance_id} of job {job.pk} at step {attempt.step} "
-        "(its last heartbeat)"
-    )
+    say(f"destroyed instance {attempt.instance_id} of job {job.pk}{step_words(attempt.step)}")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         interruption = Interruption.objects.filter(attempt=attempt).first()

@@ -252,7 +252,7 @@ def _refused_rent(job: Job, verdict: spending.Verdict, *, now: datetime) -> None
     shows as paused_budget and an admin resumes it after raising the limit, or in a new
     period); any other waits and asks again after the verdict's RETRY_AFTER_S."""
     if verdict.pause:
-        message = f"paused while recovering: {verdict.reason}; raise the limit and resume"
+        message = f"paused while recovering: {verdict.reason}"  # the page says what to do
         pause_for_budget(job.pk, message=message, data={"blocker": verdict.reason}, now=now)
         return
     Job.objects.filter(pk=job.pk).update(

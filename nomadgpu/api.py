@@ -18,6 +18,7 @@ api = NinjaAPI(
 api.add_router("/agent", "jobs.agent_api.api.router")
 api.add_router("/jobs", "portal.member_api.router")
 api.add_router("/workdirs", "portal.workdir_api.router")
+api.add_router("/teams", "portal.secrets_api.router")
 
 
 @api.exception_handler(RequestDataTooBig)

@@ -1,10 +1,10 @@
 """A team's secrets (``TeamSecret``): set, replaced, deleted, looked up by name, and masked.
 
-A value goes in through the admin or the Team page and comes out in exactly two places: the
-register reply of an agent whose job names it (``jobs.code.job_secrets``), and, for the secret a job
-names as its ``image_login_secret``, Vast's create request (``image_login``). Everything else
-sees names only. ``mask`` is the server's defence in depth for text an agent sends back (the
-agent masks first, PROTOCOL.md).
+A value goes in through the admin, the Team page or the member API (``nomadgpu secret set``)
+and comes out in exactly two places: the register reply of an agent whose job names it
+(``jobs.code.job_secrets``), and, for the secret a job names as its ``image_login_secret``,
+Vast's create request (``image_login``). Everything else sees names only. ``mask`` is the
+server's defence in depth for text an agent sends back (the agent masks first, PROTOCOL.md).
 """
 
 from __future__ import annotations
@@ -58,6 +58,17 @@ def mask(text: str, values: Iterable[str]) -> str:
     for value in sorted({v for v in values if len(v) >= MASK_MIN_CHARS}, key=len, reverse=True):
         text = text.replace(value, MASK)
     return text
+
+
+def mask_note(value: str) -> str:
+    """What a person setting VALUE should know about its masking: "" for a value that will be
+    masked, else why a shorter one will not be."""
+    if len(value) >= MASK_MIN_CHARS:
+        return ""
+    return (
+        f"the value is shorter than {MASK_MIN_CHARS} characters: it is stored, but not masked "
+        "in logs (masking so short a value would hide ordinary words and numbers)"
+    )
 
 
 def set_secret(*, team: Team, name: str, value: str) -> TeamSecret:

@@ -9,6 +9,7 @@ and pathspec, nothing of the server): it imports only the standard library, http
     nomadgpu logs JOB [-f]
     nomadgpu cancel JOB
     nomadgpu drill JOB [--times N]
+    nomadgpu secret set NAME | list | delete NAME [--team T]   (team admins)
 
 Configuration: ``--url``/``NOMADGPU_URL`` (the portal, default http://127.0.0.1:8000),
 ``--token``/``NOMADGPU_TOKEN`` (a personal API token from /account/tokens/) and
@@ -23,6 +24,7 @@ not be reached or failed.
 One command group per file: ``cli`` (the arguments and ``main``), ``submit`` (a job file or
 template) with ``workdir`` (its code packed and uploaded) and ``pack`` (the packing),
 ``follow`` (events and progress until the job stops), ``jobs`` (``status``, ``cancel``),
-``logs``, ``drill``; beneath them ``api`` (the member API over httpx), ``render`` (durations,
-money, the progress bar) and ``errors`` (``CliError`` and the exit codes).
+``logs``, ``drill``, ``secrets`` (``secret set|list|delete``); beneath them ``api`` (the
+member API over httpx), ``render`` (durations, money, the progress bar) and ``errors``
+(``CliError`` and the exit codes).
 """

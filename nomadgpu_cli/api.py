@@ -36,6 +36,12 @@ class Api:
     def post(self, path: str, body: dict | None = None) -> Any:
         return self.call("POST", path, json=body or {})
 
+    def put(self, path: str, body: dict) -> Any:
+        return self.call("PUT", path, json=body)
+
+    def delete(self, path: str) -> Any:
+        return self.call("DELETE", path)
+
     def own_url(self, url: str) -> str:
         """URL (absolute, or a path on the portal) if it is on the portal itself: only there may
         the token go."""

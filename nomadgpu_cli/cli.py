@@ -19,6 +19,7 @@ from nomadgpu_cli.errors import (
 )
 from nomadgpu_cli.jobs import cmd_cancel, cmd_status
 from nomadgpu_cli.logs import cmd_logs
+from nomadgpu_cli.secrets import add_parser as add_secret_parser
 from nomadgpu_cli.submit import TEMPLATES, cmd_submit
 
 # The exit codes are re-exported: ``main`` returns them, and its callers read them here.
@@ -86,6 +87,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--times", type=int, default=1)
     s.add_argument("--timeout", type=float, default=900, help="seconds to wait for running")
     s.set_defaults(run=cmd_drill)
+
+    add_secret_parser(sub)
     return p
 
 

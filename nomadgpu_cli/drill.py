@@ -21,7 +21,7 @@ def cmd_drill(api: Api, args: argparse.Namespace) -> int:
         drill = api.post(f"/jobs/{args.job}/drill")
         print(
             f"drill {n}/{args.times}: destroyed instance {drill['instance_id']} "
-            f"(attempt {drill['attempt']}) at step {drill['step']} (its last heartbeat)"
+            f"(attempt {drill['attempt']}){step_words(drill['step'])}"
         )
         code = follow_job(
             api,
@@ -34,6 +34,12 @@ def cmd_drill(api: Api, args: argparse.Namespace) -> int:
             return code
         print(drill_summary(api.get(f"/jobs/{args.job}"), drill))
     return EXIT_OK
+
+
+def step_words(step: int | None) -> str:
+    """Where the destroyed host had got to, as ``jobs.drill.step_words`` says it (the CLI
+    installs without the server; tests/test_portal_drill.py holds the two to the same texts)."""
+    return " before its first step" if step is None else f" at step {step} (its last heartbeat)"
 
 
 def wait_running(api: Api, job_id: int, *, poll_s: float, timeout_s: float) -> None:

@@ -23,7 +23,8 @@ from billing.reconcile import machine_and_training_hours, reconcile_job
 from jobs import anatomy
 from jobs.job_status import early_finish_note
 from jobs.models import Interruption, Job, JobEvent
-from nomadgpu.humanize import duration, money
+from nomadgpu.humanize import duration, money, percent_of
+from nomadgpu.team_admins import admin_names
 from notify.models import EventKind
 
 LOG_LINES = 8
@@ -205,8 +206,10 @@ def no_offers_facts(event: JobEvent, job: Job) -> dict:
 
 def generic_facts(event: JobEvent, job: Job) -> dict:
     """Budget and invoice events (and any later kind): the message and the event's data, its
-    dollar amounts (keys ending ``_usd``) by the money rule, as the message writes them."""
-    return {"items": [data_item(k, v) for k, v in (event.data or {}).items()]}
+    dollar amounts (keys ending ``_usd``) by the money rule, as the message writes them; an
+    unknown value (no checkpoint yet) is left out rather than written "None"."""
+    data = (event.data or {}).items()
+    return {"items": [data_item(k, v) for k, v in data if v is not None]}
 
 
 def data_item(key: str, value) -> tuple[str, object]:
@@ -214,6 +217,22 @@ def data_item(key: str, value) -> tuple[str, object]:
     if key.endswith("_usd") and isinstance(value, int | float) and not isinstance(value, bool):
         return key.removesuffix("_usd").replace("_", " "), money(value)
     return key.replace("_", " "), value
+
+
+def budget_facts(event: JobEvent, job: Job) -> dict:
+    """A budget warning or pause: the generic items, the share of the limit the event fired
+    at, from its amounts as written ("82 %", the one its sentence quotes, never the 80 % or
+    100 % marks), and, for a pause, who can raise the limit (the team's admins, by name)."""
+    data = event.data or {}
+    percent = data.get("percent_used")
+    if percent is None and data.get("limit_usd") and data.get("spent_usd") is not None:
+        percent = percent_of(data["spent_usd"], data["limit_usd"])
+    return {**generic_facts(event, job), "percent": percent, "admins": admin_names(job.team)}
+
+
+def resume_asked_facts(event: JobEvent, job: Job) -> dict:
+    """A member's ask to resume: the sentence says who asked and why; the admins are named."""
+    return {"items": [], "admins": admin_names(job.team)}
 
 
 def needs_attention_facts(event: JobEvent, job: Job) -> dict:
@@ -228,4 +247,7 @@ FACTS = {
     EventKind.FINISHED: finished_facts,
     EventKind.FAILED: failed_facts,
     EventKind.NO_OFFERS: no_offers_facts,
+    EventKind.BUDGET_WARNING: budget_facts,
+    EventKind.BUDGET_PAUSED: budget_facts,
+    EventKind.RESUME_ASKED: resume_asked_facts,
 }

@@ -23,8 +23,11 @@ class EventKind(models.TextChoices):
     FINISHED = "finished", "Job finished"
     FAILED = "failed", "Job failed"
     NO_OFFERS = "no_offers", "No offer matches"
-    BUDGET_WARNING = "budget_warning", "Budget at 80 %"
-    BUDGET_PAUSED = "budget_paused", "Budget reached: job paused"
+    # No percentage in a kind's name: each message quotes the share its event fired at.
+    BUDGET_WARNING = "budget_warning", "Budget warning"
+    BUDGET_PAUSED = "budget_paused", "Budget pause"
+    # A member asks the team's admins to resume a budget-paused job (once per pause).
+    RESUME_ASKED = "resume_asked", "Asked to resume"
     INVOICE_DISCREPANCY = "invoice_discrepancy", "Invoice discrepancy"
     # Its stored spec no longer validates: renting stopped until a person fixes it.
     NEEDS_ATTENTION = "needs_attention", "Job needs attention"

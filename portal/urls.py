@@ -1,7 +1,7 @@
 from django.urls import path
 from django.views.generic import RedirectView
 
-from portal import views
+from portal import job_actions, views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
@@ -23,7 +23,9 @@ urlpatterns = [
     path("jobs/new/", views.job_new, name="job-new"),
     path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),
     path("jobs/<int:job_id>/cancel/", views.job_cancel, name="job-cancel"),
-    path("jobs/<int:job_id>/resume/", views.job_resume, name="job-resume"),
+    path("jobs/<int:job_id>/resume/", job_actions.job_resume, name="job-resume"),
+    path("jobs/<int:job_id>/ask-resume/", job_actions.job_ask_resume, name="job-ask-resume"),
+    path("jobs/<int:job_id>/drill/", job_actions.job_drill, name="job-drill"),
     path(
         "jobs/<int:job_id>/checkpoints/<int:checkpoint_id>/download/",
         views.checkpoint_download,

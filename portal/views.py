@@ -1,7 +1,8 @@
 """The portal's pages: the dashboard, a team's page, and the job pages (list, submit with
-offers and cost before submit, detail, cancel, resume, checkpoint download). Every page works
-without JavaScript; with htmx the live parts are fragments of the same templates
-(``page.html#fragment``), polled every few seconds while the job can change.
+offers and cost before submit, detail, cancel, checkpoint download; resume, ask to resume and
+the drill are ``portal.job_actions``). Every page works without JavaScript; with htmx the live
+parts are fragments of the same templates (``page.html#fragment``), polled every few seconds
+while the job can change.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
 from agent.ckptcrypto import DecryptingReader
+from billing import resume
 from jobs import lifecycle, rent_decision
 from jobs.checkpoints import requests
 from jobs.code import job_secrets, packs
 from jobs.job_templates import JOB_TEMPLATES, template_spec
-from jobs.models import Checkpoint, Job, JobState
+from jobs.models import AttemptState, Checkpoint, Job, JobState
 from jobs.spec import MissingSecret, submit_spec
 from jobs.spending import BudgetExceeded
 from jobs.staging import stage
@@ -137,6 +139,8 @@ def team_secret_set(request: HttpRequest, slug: str) -> HttpResponse:
             form.add_error(None, exc)
         else:
             messages.success(request, f"Secret {name} saved. Its value is never shown again.")
+            if note := team_secrets.mask_note(form.cleaned_data["value"]):
+                messages.warning(request, f"Secret {name}: {note}.")
             return _to_team_secrets(team)
     return render_team_page(request, team, secret_form=form, status=400)
 
@@ -297,8 +301,15 @@ def detail_context(request: HttpRequest, job: Job) -> dict:
         "spend_chart": portal.line_chart(spend_points, y_format=portal.spend_text),
         "spend_unit": spend_unit,
         "can_cancel": not lifecycle.is_terminal(job.state),
-        "can_resume": job.state == JobState.PAUSED_BUDGET
-        and can_manage_team(request.user, job.team),
+        # What this reader can do about a budget pause (billing.resume): resume, or ask.
+        "paused": resume.paused_help(job, user=request.user, now=now)
+        if job.state == JobState.PAUSED_BUDGET
+        else None,
+        "can_drill": can_manage_team(request.user, job.team)
+        and job.state == JobState.RUNNING
+        and row.attempt is not None
+        and row.attempt.state == AttemptState.RUNNING
+        and row.attempt.instance_id is not None,
         "show_billing": can_see_billing(request.user, job.team),
     }
 
@@ -326,22 +337,6 @@ def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
         messages.success(request, f"Job {job.name} cancelled; its checkpoints are kept.")
     url = reverse("job-detail", args=[job.pk])
     return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
-
-
-@login_required
-@require_POST
-def job_resume(request, job_id: int):
-    """Resume a budget-paused job (team admins; 404 for outsiders, 403 for other members)."""
-    job = _visible_job(request, job_id)
-    if not can_manage_team(request.user, job.team):
-        raise PermissionDenied("Only a team admin can resume a job.")
-    try:
-        lifecycle.resume_job(job.pk, by=f"{request.user} (portal)", now=timezone.now())
-    except BudgetExceeded as exc:
-        messages.error(request, str(exc))
-    else:
-        messages.success(request, f"Job {job.name} resumed; it continues from its checkpoint.")
-    return redirect("job-detail", job_id=job.pk)
 
 
 @login_required

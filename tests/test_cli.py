@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import io
 import re
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 import pytest
+import time_machine
 from django.db import transaction
 from django.utils import timezone
 
+from billing.models import TeamBudget
 from jobs import lifecycle
 from jobs.models import Attempt, Job, JobState
 from nomadgpu import api_tokens
@@ -122,6 +126,31 @@ def test_submit_lists_the_fields_the_server_refused(run, tmp_path):
     assert "  requirements.num_gpus: Input should be greater than or equal to 1" in err
     assert "  requirements.min_reliabilty: Extra inputs are not permitted" in err
     assert not Job.objects.exists()
+
+
+def test_submit_refused_by_a_limit_prints_what_can_be_done(run, tmp_path, cast):
+    noon = datetime(2026, 11, 4, 12, tzinfo=UTC)
+    TeamBudget.objects.create(team=cast.team_a, daily_usd=Decimal("1.00"))
+    spent = JobFactory(team=cast.team_a, state="running", created_at=noon - timedelta(hours=1))
+    since = noon - timedelta(minutes=30)  # $0.720 of today's $1.00
+    make_attempt(spent, state="running", dph_base=1.44, rented_at=since, registered_at=since)
+    big = tmp_path / "big.toml"  # 900 steps of 4 s on the reference $0.40/h GPU: about $0.41
+    big.write_text(
+        JOB_TOML.replace("total_steps = 300", "total_steps = 900")
+        + "\n[profile]\nimage_gb = 3.0\nmodel_gb = 0.0\nupload_gb = 0.0\n"
+    )
+
+    with time_machine.travel(noon, tick=True):
+        code, _, err = run("submit", str(big))
+
+    assert code == cli.EXIT_REFUSED
+    assert err.startswith("nomadgpu: 409: Refused: estimated cost $0.")
+    assert "would cross the daily limit $1.00: $0.720 spent. What you can do: wait until " in err
+    assert "the daily limit starts again at 00:00 on Thu 5 Nov (UTC), in 12 h; " in err
+    assert "ask a team admin (alice) to raise it; " in err
+    assert 'or submit with "Wait for budget"' in err
+    assert "start_when_budget_allows = true in a job file or the API" in err
+    assert not Job.objects.filter(name="cli-sft").exists()
 
 
 def test_submit_sends_the_stage_entries_of_the_toml_file(run, tmp_path):

@@ -97,7 +97,7 @@ def test_pip_install_of_the_checkout_gives_a_nomadgpu_command_with_its_two_depen
     helped = run(venv / "bin" / "nomadgpu", "--help", cwd=tmp_path, env=clean_env(), timeout=60)
     assert helped.returncode == 0, helped.stderr
     assert helped.stdout.startswith("usage: nomadgpu")
-    assert "{submit,status,logs,cancel,drill}" in helped.stdout
+    assert "{submit,status,logs,cancel,drill,secret}" in helped.stdout
     # The README's `python -m nomadgpu_cli`, away from the checkout: the installed package.
     as_module = run(
         python, "-m", "nomadgpu_cli", "--help", cwd=tmp_path, env=clean_env(), timeout=60

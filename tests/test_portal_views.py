@@ -407,22 +407,21 @@ def test_job_page_explains_the_chosen_host_with_cost_breakdowns(member_client, c
     assert f"<strong>{money(0.2)}</strong>" in html
 
 
-def test_resume_button_only_when_the_budgets_view_exists_and_for_admins(client, cast):
-    from django.urls import NoReverseMatch
-    from django.urls import reverse as rev
+def test_resume_is_for_admins_and_for_members_once_no_limit_holds_the_job(client, cast):
+    free = JobFactory(team=cast.team_a, state="paused_budget", total_steps=1000)
+    held = JobFactory(
+        team=cast.team_a, state="paused_budget", total_steps=1000, budget_usd=Decimal("0.001")
+    )  # the rest of the run is estimated at more than its own limit
 
-    job = JobFactory(team=cast.team_a, state="paused_budget")
-    try:
-        resume_url = rev("job-resume", args=[job.id])
-    except NoReverseMatch:
-        resume_url = None
-    client.force_login(cast.admin)
-    admin_html = client.get(reverse("job-detail", args=[job.id])).content.decode()
-    client.force_login(cast.member)
-    member_html = client.get(reverse("job-detail", args=[job.id])).content.decode()
+    def buttons(user, job) -> tuple[bool, bool]:
+        client.force_login(user)
+        html = client.get(reverse("job-detail", args=[job.id])).content.decode()
+        return ">Resume</button>" in html, ">Ask to resume</button>" in html
 
-    assert ">Resume<" not in member_html
-    assert (">Resume<" in admin_html) == (resume_url is not None)
+    assert buttons(cast.admin, free) == (True, False)
+    assert buttons(cast.admin, held) == (True, False)
+    assert buttons(cast.member, free) == (True, False)  # billing.resume: it fits, as a submit
+    assert buttons(cast.member, held) == (False, True)
 
 
 # --- cancel -----------------------------------------------------------------------------------

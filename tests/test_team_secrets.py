@@ -192,3 +192,16 @@ def test_only_the_teams_admins_see_or_change_its_secrets_on_the_team_page(client
     assert (member_set.status_code, member_delete.status_code) == (403, 403)
     assert (outsider_set.status_code, outsider_delete.status_code) == (404, 404)
     assert the_secret(cast.team_a, "HF_TOKEN").value == HF_TOKEN
+
+
+def test_the_team_page_says_when_a_value_is_too_short_to_be_masked(client, cast):
+    client.force_login(cast.admin)
+
+    short = portal_set(client, cast.team_a, name="PIN", value="abc")
+    page = team_page(client, cast.team_a).content.decode()
+    portal_set(client, cast.team_a, name="TOKEN", value="abcd")
+    quiet = team_page(client, cast.team_a).content.decode()
+
+    assert short.status_code == 302
+    assert "Secret PIN: the value is shorter than 4 characters: it is stored, but not" in page
+    assert "shorter than 4 characters" not in quiet

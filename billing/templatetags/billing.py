@@ -13,5 +13,6 @@ register = template.Library()
 
 @register.simple_tag(takes_context=True)
 def budget_banner(context) -> Banner:
-    """The banner for the context's ``current_team``; empty for users without a team."""
-    return banner_for(context.get("current_team"), now=timezone.now())
+    """The banner for the context's ``current_team`` as its ``user`` sees it; empty for users
+    without a team."""
+    return banner_for(context.get("current_team"), now=timezone.now(), user=context.get("user"))
