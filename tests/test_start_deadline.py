@@ -1,0 +1,292 @@
+"""Start deadlines from bytes and the link (``jobs.watchdog.start_deadline``), as plain
+decisions: when a host must have its agent, how what Vast shows pushes that, the user's cap,
+and when an early phase of the agent stalls."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from jobs.watchdog import start_deadline as sd
+
+RENT = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+GIB = 1024**3
+
+
+def plan(
+    *, gb: float = 3.0, held: bool = False, mbps: float = 500.0, source: str = "advertised",
+    cap_s: float = 86_400.0,
+) -> sd.StartPlan:  # fmt: skip
+    return sd.StartPlan(
+        rented_at=RENT,
+        image_gb=gb,
+        image_held=held,
+        link=sd.Link(mbps, source),
+        start_timeout_s=cap_s,
+    )
+
+
+def seconds_after_rent(due: sd.Due) -> float:
+    return (due.at - RENT).total_seconds()
+
+
+def pull_s(gb: float, mbps: float) -> float:
+    return gb * GIB * 8 / (mbps * 1e6)
+
+
+# ---- before the agent ----------------------------------------------------------------------
+
+
+def test_a_cached_image_is_given_vasts_start_and_the_agents_only():
+    due = sd.start_due(plan(held=True))
+
+    assert seconds_after_rent(due) == sd.VAST_START_S + sd.AGENT_START_S == 360
+    assert due.why.startswith("image on the machine + Vast's start ≤ 300 s")
+    assert "pull" not in due.why
+    assert not due.capped
+
+
+def test_an_uncached_image_adds_its_pull_at_the_advertised_link_times_three():
+    due = sd.start_due(plan(gb=3.0, mbps=500.0))
+
+    pull = pull_s(3.0, 500.0) * sd.ADVERTISED_MARGIN  # 51.5 s of bytes, 155 s allowed
+    assert seconds_after_rent(due) == pytest.approx(300 + pull + 60)
+    assert round(seconds_after_rent(due)) == 515
+    assert "pull of 3.0 GB at 500 Mbit/s advertised: 155 s" in due.why
+
+
+def test_a_measured_link_is_trusted_with_a_smaller_margin():
+    due = sd.start_due(plan(gb=3.0, mbps=500.0, source="measured"))
+
+    assert seconds_after_rent(due) == pytest.approx(300 + pull_s(3.0, 500.0) * 1.5 + 60)
+    assert "500 Mbit/s measured" in due.why
+
+
+def test_a_big_pull_on_a_slow_link_gets_its_hour():
+    due = sd.start_due(plan(gb=15.0, mbps=100.0))
+
+    assert round(seconds_after_rent(due)) == 4225  # 1,288 s of bytes x 3, + 360
+    assert "pull of 15.0 GB at 100 Mbit/s advertised: 3865 s" in due.why
+
+
+def test_the_users_start_timeout_is_the_outer_cap():
+    due = sd.start_due(plan(gb=15.0, mbps=100.0, cap_s=1200))
+
+    assert seconds_after_rent(due) == 1200
+    assert due.capped
+    assert due.why == "the job's start timeout (1200 s)"
+
+
+def test_which_link_is_planned_with():
+    assert sd.link_for(80.0, 500.0) == sd.Link(80.0, "measured")
+    assert sd.link_for(None, 500.0) == sd.Link(500.0, "advertised")
+    assert sd.link_for(0, None) == sd.Link(None)
+    assert sd.Link(None).seconds(10 * GIB) == 0.0  # unknown link: Vast's start alone
+
+
+def news(before: str, now: str, before_msg: str = "", now_msg: str = "", **kw) -> sd.ProviderNews:
+    return sd.ProviderNews(before, before_msg, now, now_msg, **kw)
+
+
+def test_loading_first_seen_gives_the_pull_from_then():
+    p = plan(gb=3.0, mbps=500.0)
+    due = sd.start_due(p)
+    late = RENT + timedelta(seconds=400)  # scheduled late, still inside Vast's 2-5 min
+
+    pushed = sd.pushed_start_due(p, due, news("created", "loading"), now=late)
+
+    assert seconds_after_rent(pushed) == pytest.approx(400 + pull_s(3.0, 500.0) * 3 + 30 + 60)
+    assert pushed.why.startswith("loading seen: pull of 3.0 GB")
+
+
+def test_news_never_pulls_a_deadline_earlier():
+    p = plan(gb=3.0, mbps=500.0)
+    due = sd.start_due(p)
+    early = RENT + timedelta(seconds=20)
+
+    assert sd.pushed_start_due(p, due, news("created", "loading"), now=early) is None
+    assert sd.pushed_start_due(p, due, news("loading", "running"), now=early) is None
+
+
+def test_running_seen_gives_the_agent_its_start_from_then():
+    p = plan(held=True)
+    due = sd.start_due(p)
+
+    pushed = sd.pushed_start_due(
+        p, due, news("loading", "running"), now=RENT + timedelta(seconds=330)
+    )
+
+    assert seconds_after_rent(pushed) == 330 + 60
+    assert pushed.why == "running seen: agent start"
+
+
+def test_a_pull_that_moves_pushes_the_deadline_and_a_frozen_one_does_not():
+    p = plan(gb=3.0, mbps=500.0)
+    due = sd.start_due(p)
+    at = RENT + timedelta(seconds=500)
+    moving = news("loading", "loading", "a1b2: Downloading 1.1GB/3.6GB", "a1b2: Extracting 12MB")
+
+    pushed = sd.pushed_start_due(p, due, moving, now=at)
+    frozen = news("loading", "loading", "a1b2: Downloading 1.1GB/3.6GB", moving.before_msg)
+
+    assert seconds_after_rent(pushed) == 500 + sd.PULL_QUIET_S + 30 + 60
+    assert "pull moving (“a1b2: Extracting 12MB”)" in pushed.why
+    assert sd.pushed_start_due(p, due, frozen, now=at) is None
+
+
+def test_a_retry_countdown_is_not_progress():
+    p = plan(gb=3.0, mbps=500.0)
+    due = sd.start_due(p)
+    retrying = news(
+        "loading", "loading", "0d30: Retrying in 5 seconds", "0d30: Retrying in 4 seconds"
+    )
+
+    assert not retrying.pull_moving
+    assert sd.pushed_start_due(p, due, retrying, now=RENT + timedelta(seconds=510)) is None
+
+
+def test_a_pull_on_a_machine_taken_to_hold_the_image_gets_the_whole_pull_from_then():
+    p = plan(gb=15.0, mbps=1000.0, held=True)
+    due = sd.start_due(p)  # 360 s: no pull
+    pulling = news("loading", "loading", "", "9f86: Pulling fs layer")
+    at = RENT + timedelta(seconds=60)
+
+    pushed = sd.pushed_start_due(p, due, pulling, now=at)
+
+    assert seconds_after_rent(pushed) == pytest.approx(60 + pull_s(15.0, 1000.0) * 3 + 90)
+    assert sd.pull_seen_on_held_image(p, pulling)
+    # Remembered: the next status change allows the pull too.
+    seen = news("created", "loading", pull_seen=True)
+    later = sd.pushed_start_due(p, pushed, seen, now=RENT + timedelta(seconds=200))
+    assert seconds_after_rent(later) == pytest.approx(200 + pull_s(15.0, 1000.0) * 3 + 90)
+
+
+def test_pushes_stop_at_the_users_cap():
+    p = plan(gb=3.0, mbps=500.0, cap_s=600)
+    due = sd.start_due(p)
+    moving = news("loading", "loading", "x: Downloading 1MB/2GB", "x: Downloading 9MB/2GB")
+
+    pushed = sd.pushed_start_due(p, due, moving, now=RENT + timedelta(seconds=510))
+
+    assert seconds_after_rent(pushed) == 600
+    assert pushed.capped
+    # Once at the cap, nothing pushes it further.
+    assert sd.pushed_start_due(p, pushed, moving, now=RENT + timedelta(seconds=590)) is None
+
+
+def test_an_overdue_host_is_described_with_its_deadline():
+    due = sd.start_due(plan(gb=3.0, mbps=500.0))
+    now = RENT + timedelta(seconds=530)
+
+    detail = sd.overdue_detail(due, rented_at=RENT, provider_status="loading", now=now)
+    running = sd.overdue_detail(due, rented_at=RENT, provider_status="running", now=now)
+
+    assert detail.startswith("not running 530 s after rent: Vast's start ≤ 300 s + pull of 3.0 GB")
+    assert detail.endswith("due by 515 s")
+    assert running.startswith("running but no agent 530 s after rent")
+
+
+# ---- after register: the early phases --------------------------------------------------------
+
+MB = 1024**2
+
+
+def report(**phases) -> dict:
+    return {
+        name: {"bytes_done": done, "bytes_total": total, "done": finished}
+        for name, (done, total, finished) in phases.items()
+    }
+
+
+def at(seconds: float) -> datetime:
+    return RENT + timedelta(seconds=seconds)
+
+
+def test_a_restore_that_stops_moving_stalls_after_the_bytes_left_allow_at_least_a_minute():
+    progress = sd.next_progress(None, report(restore=(0, 600 * MB, False)), now=at(0))
+    progress = sd.next_progress(progress, report(restore=(290 * MB, 600 * MB, False)), now=at(29))
+    progress = sd.next_progress(progress, report(restore=(290 * MB, 600 * MB, False)), now=at(44))
+
+    link = sd.link_for(progress.measured_mbps, 1000.0)
+    due = sd.phase_due(progress, link, interval_s=15)
+
+    assert link.source == "measured"
+    assert progress.measured_mbps == pytest.approx(290 * MB * 8 / 29 / 1e6)  # ~84 Mbit/s
+    assert due.at == at(29) + timedelta(seconds=60)  # 310 MB at 84 Mbit/s x 1.5 is 46 s: floor
+    assert due.why.startswith("restore: 310 MB left at 84 Mbit/s measured")
+    detail = sd.stall_detail(progress, link, now=at(90))
+    assert detail == "stalled in restore: 0 bytes in 61 s, 310 MB left at 84 Mbit/s measured"
+
+
+def test_a_big_download_left_on_a_slow_link_is_given_its_time():
+    progress = sd.next_progress(None, report(stage=(0, 15 * GIB, False)), now=at(0))
+
+    due = sd.phase_due(progress, sd.Link(100.0, "advertised"), interval_s=15)
+
+    assert (due.at - at(0)).total_seconds() == pytest.approx(pull_s(15, 100) * 3)
+
+
+def test_the_phases_under_way_share_the_link():
+    both = report(stage=(0, 1 * GIB, False), restore=(0, 1 * GIB, False))
+    progress = sd.next_progress(None, both, now=at(0))
+
+    due = sd.phase_due(progress, sd.Link(100.0, "advertised"), interval_s=1)
+
+    assert (due.at - at(0)).total_seconds() == pytest.approx(pull_s(2, 100) * 3)
+    assert "2.0 GB left" in due.why
+
+
+def test_bytes_that_move_push_the_phases_deadline():
+    first = sd.next_progress(None, report(code=(0, 50 * MB, False)), now=at(0))
+    moved = sd.next_progress(first, report(code=(10 * MB, 50 * MB, False)), now=at(50))
+
+    link = sd.Link(100.0, "advertised")
+    assert sd.phase_due(moved, link, interval_s=1).at == at(50) + timedelta(seconds=60)
+
+
+def test_a_heartbeat_interval_longer_than_a_quarter_minute_widens_the_floor():
+    progress = sd.next_progress(None, report(restore=(0, MB, False)), now=at(0))
+
+    due = sd.phase_due(progress, sd.Link(1000.0, "advertised"), interval_s=30)
+
+    assert due.at == at(0) + timedelta(seconds=sd.PHASE_FLOOR_BEATS * 30)
+
+
+def test_phases_without_a_total_or_ended_never_stall():
+    progress = sd.next_progress(
+        None,
+        report(setup=(5 * MB, None, False), code=(50 * MB, 50 * MB, True)),
+        now=at(0),
+    )
+
+    assert sd.phase_due(progress, sd.Link(100.0, "advertised"), interval_s=1) is None
+
+
+def test_a_restarted_agent_counting_from_zero_is_progress_and_measures_again():
+    progress = sd.next_progress(None, report(restore=(0, 900 * MB, False)), now=at(0))
+    progress = sd.next_progress(progress, report(restore=(400 * MB, 900 * MB, False)), now=at(10))
+
+    again = sd.next_progress(progress, report(restore=(0, 900 * MB, False)), now=at(300))
+
+    assert again.phases["restore"].progress_at == at(300)
+    assert again.first_at == again.moved_at == at(300)
+    assert again.measured_mbps is None
+
+
+def test_a_stall_does_not_lower_the_measured_link():
+    progress = sd.next_progress(None, report(restore=(0, 900 * MB, False)), now=at(0))
+    progress = sd.next_progress(progress, report(restore=(400 * MB, 900 * MB, False)), now=at(10))
+    still = sd.next_progress(progress, report(restore=(400 * MB, 900 * MB, False)), now=at(500))
+
+    assert still.measured_mbps == progress.measured_mbps == pytest.approx(400 * MB * 8 / 10 / 1e6)
+
+
+def test_stored_progress_reads_back_and_a_broken_row_reads_as_none():
+    progress = sd.next_progress(
+        None, report(restore=(7, 9, False), setup=(3, None, True)), now=at(0)
+    )
+
+    assert sd.EarlyProgress.from_json(progress.as_json()) == progress
+    assert sd.EarlyProgress.from_json({"phases": "?"}) is None
+    assert sd.EarlyProgress.from_json(None) is None
