@@ -135,6 +135,16 @@ def test_a_pull_that_moves_pushes_the_deadline_and_a_frozen_one_does_not():
     assert sd.pushed_start_due(p, due, frozen, now=at) is None
 
 
+def test_the_first_pull_line_is_the_pull_starting_not_bytes_moving():
+    p = plan(gb=3.0, mbps=500.0)
+    due = sd.start_due(p)
+    first_line = news("loading", "loading", "", "a1b2: Downloading 1.1GB/3.6GB")
+
+    assert first_line.pull_started
+    assert not first_line.pull_moving
+    assert sd.pushed_start_due(p, due, first_line, now=RENT + timedelta(seconds=510)) is None
+
+
 def test_a_retry_countdown_is_not_progress():
     p = plan(gb=3.0, mbps=500.0)
     due = sd.start_due(p)

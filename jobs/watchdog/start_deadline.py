@@ -20,10 +20,11 @@ What Vast shows is progress, and pushes the deadline later, never earlier (``pus
 - ``loading`` first seen: the pull starts now (unless the image is held), then the container's
   start and the agent's;
 - ``running`` first seen: the agent's start from now;
-- a ``status_msg`` that changed and reads as a Docker pull going on ("Downloading",
+- a ``status_msg`` that changed from one Docker pull line to another ("Downloading",
   "Extracting", "Pull complete", ...; not "Retrying in 5 seconds"): ``PULL_QUIET_S`` more from
-  now; on a machine taken to hold the image, the first such message means it did not, and the
-  whole pull is allowed from then.
+  now (the first pull line after none is the pull starting, not bytes moving); on a machine
+  taken to hold the image, a pull line at all means it did not, and the whole pull is allowed
+  from then.
 A status that does not change pushes nothing: a pull that hangs keeps the deadline it had.
 
 **After register** (``phase_due``): each early phase of the agent (code, stage, restore; setup
@@ -201,8 +202,23 @@ class ProviderNews:
 
     @property
     def pull_moving(self) -> bool:
-        """The message changed and reads as a Docker pull going on."""
-        return self.now_msg != self.before_msg and bool(_PULL_MOVING.search(self.now_msg or ""))
+        """The pull's message changed from one progress line to another: bytes are moving. (The
+        first such line after none is the pull starting, not movement.)"""
+        return (
+            self.now_msg != self.before_msg
+            and is_pull_line(self.now_msg)
+            and is_pull_line(self.before_msg)
+        )
+
+    @property
+    def pull_started(self) -> bool:
+        """A pull's progress line where there was none."""
+        return is_pull_line(self.now_msg) and not is_pull_line(self.before_msg)
+
+
+def is_pull_line(msg: str) -> bool:
+    """Whether MSG reads as a Docker pull going on."""
+    return bool(_PULL_MOVING.search(msg or ""))
 
 
 def pushed_start_due(plan: StartPlan, due: Due, news: ProviderNews, *, now: datetime) -> Due | None:
@@ -228,22 +244,20 @@ def _pushes(plan: StartPlan, news: ProviderNews, *, now: datetime) -> list[Due]:
         found.append(Due(now + timedelta(seconds=seconds), f"{why} + agent start"))
     if changed and news.now_status == "running":
         found.append(Due(now + timedelta(seconds=a.agent_start_s), f"{clock}: agent start"))
+    tail, said = a.container_start_s + a.agent_start_s, _quote(news.now_msg)
+    if held and news.pull_started:  # the machine did not hold it after all: the whole pull
+        why = f"pulling after all ({said}): {plan.pull_words} + starts"
+        found.append(Due(now + timedelta(seconds=plan.pull_s + tail), why))
     if news.now_status == "loading" and news.pull_moving:
-        tail = a.container_start_s + a.agent_start_s
-        said = _quote(news.now_msg)
-        if held:  # the machine did not hold it after all: the whole pull from now
-            seconds = plan.pull_s + tail
-            why = f"pulling after all ({said}): {plan.pull_words}"
-            found.append(Due(now + timedelta(seconds=seconds), f"{why} + starts"))
-        why = f"pull moving ({said}): {_s(PULL_QUIET_S)} without news"
-        found.append(Due(now + timedelta(seconds=PULL_QUIET_S + tail), f"{why} + starts"))
+        why = f"pull moving ({said}): {_s(PULL_QUIET_S)} without news + starts"
+        found.append(Due(now + timedelta(seconds=PULL_QUIET_S + tail), why))
     return found
 
 
 def pull_seen_on_held_image(plan: StartPlan, news: ProviderNews) -> bool:
     """Whether NEWS shows a pull on a machine PLAN took to hold the image (remembered: the
     whole pull is allowed once, from that moment)."""
-    return news.pull_seen or (plan.image_held and news.pull_moving)
+    return news.pull_seen or (plan.image_held and is_pull_line(news.now_msg))
 
 
 def overdue_detail(due: Due, *, rented_at: datetime, provider_status: str, now: datetime) -> str:

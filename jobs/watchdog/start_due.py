@@ -22,9 +22,13 @@ MACHINE_LINKS = 5  # the newest links measured on a machine that count (their me
 
 def allowances() -> sd.Allowances:
     """Vast's start and the agent's, as configured (``START_PROVISION_S``,
-    ``START_BOOTSTRAP_S``)."""
+    ``START_BOOTSTRAP_S``); the container's start in ``loading`` is part of Vast's start, so
+    never more than it (a sandbox that compresses Vast's minutes compresses it too)."""
+    vast = settings.START_PROVISION_S
     return sd.Allowances(
-        vast_start_s=settings.START_PROVISION_S, agent_start_s=settings.START_BOOTSTRAP_S
+        vast_start_s=vast,
+        container_start_s=min(sd.CONTAINER_START_S, vast),
+        agent_start_s=settings.START_BOOTSTRAP_S,
     )
 
 
