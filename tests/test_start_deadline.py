@@ -15,7 +15,7 @@ GIB = 1024**3
 
 
 def plan(
-    *, gb: float = 3.0, held: bool = False, mbps: float = 500.0, source: str = "advertised",
+    *, gb: float = 3.0, held: bool = False, mbps: float | None = 500.0, source: str = "advertised",
     cap_s: float = 86_400.0,
 ) -> sd.StartPlan:  # fmt: skip
     return sd.StartPlan(
@@ -75,7 +75,18 @@ def test_the_users_start_timeout_is_the_outer_cap():
 
     assert seconds_after_rent(due) == 1200
     assert due.capped
-    assert due.why == "the job's start timeout (1200 s)"
+    assert due.why == (
+        "the job's start timeout (1200 s), under Vast's start ≤ 300 s + pull of 15.0 GB at "
+        "100 Mbit/s advertised: 3865 s + agent start 60 s = 4225 s"
+    )
+
+
+def test_without_a_link_to_time_the_pull_only_the_cap_is_safe():
+    # An instance adopted by its label has no offer, so no advertised link.
+    due = sd.start_due(plan(gb=3.0, mbps=None, cap_s=1200))
+
+    assert seconds_after_rent(due) == 1200
+    assert due.capped
 
 
 def test_which_link_is_planned_with():

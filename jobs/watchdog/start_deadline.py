@@ -169,14 +169,21 @@ class StartPlan:
     def capped(self, at: datetime, why: str) -> Due:
         """AT, or the rent plus the cap when that comes first."""
         cap = self.rented_at + timedelta(seconds=self.start_timeout_s)
-        if cap <= at:
-            return Due(cap, f"the job's start timeout ({_s(self.start_timeout_s)})", True)
-        return Due(at, why)
+        if cap > at:
+            return Due(at, why)
+        words = f"the job's start timeout ({_s(self.start_timeout_s)})"
+        if why:  # what the bytes would have allowed, so that a person can raise the cap
+            words += f", under {why} = {_s((at - self.rented_at).total_seconds())}"
+        return Due(cap, words, True)
 
 
 def start_due(plan: StartPlan) -> Due:
     """When a host rented as PLAN says must have its agent (module docstring, before the agent)."""
     a = plan.allowances
+    if not plan.image_held and plan.image_gb > 0 and not plan.link.mbps:
+        # No link to time the pull by (an instance adopted by its label has no offer): only
+        # the user's cap is known never to come before a pull that is going well.
+        return plan.capped(plan.rented_at + timedelta(seconds=plan.start_timeout_s), "")
     parts = [f"Vast's start ≤ {_s(a.vast_start_s)}"]
     seconds = a.vast_start_s + a.agent_start_s
     if plan.image_held:
