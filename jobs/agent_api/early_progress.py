@@ -1,6 +1,6 @@
 """The early phases' bytes a heartbeat reports (PROTOCOL.md, heartbeat ``phase_progress``): kept
 on the attempt with the link they measure, and the moment the phase under way stalls if no byte
-of it moves (``start_deadline.phase_due``), which the heartbeat's deadline never passes.
+of it moves (``phase_stall.phase_due``), which the heartbeat's deadline never passes.
 
 Only beats that carry them (an agent before its command) pay for this: one read and one write
 besides the heartbeat's own two statements.
@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from jobs.models import ON_HOST_STATES, Attempt
+from jobs.watchdog import phase_stall as ps
 from jobs.watchdog import start_deadline as sd
 from jobs.watchdog import start_due
 
@@ -22,7 +23,7 @@ from jobs.watchdog import start_due
 class Early:
     """The early phases after one beat, and when the first of them stalls (None: none can)."""
 
-    progress: sd.EarlyProgress
+    progress: ps.EarlyProgress
     due: sd.Due | None
 
 
@@ -36,11 +37,11 @@ def judge_early(
         .first()
     )
     kept, advertised = row if row is not None else ({}, None)
-    stored = sd.EarlyProgress.from_json((kept or {}).get("early"))
-    progress = sd.next_progress(stored, reported, now=now)
+    stored = ps.EarlyProgress.from_json((kept or {}).get("early"))
+    progress = ps.next_progress(stored, reported, now=now)
     advertised = advertised if sd.positive(advertised) else None
     link = start_due.early_link(progress, advertised_mbps=advertised)
-    due = sd.phase_due(progress, link, interval_s=attempt.job.heartbeat_interval_s)
+    due = ps.phase_due(progress, link, interval_s=attempt.job.heartbeat_interval_s)
     return Early(progress, due)
 
 

@@ -3,7 +3,7 @@
 Every attempt stores the moment by which it must be looked at: renting makes it due at once,
 and the first look sets it to the host's start deadline (``start_due``: the image's bytes at
 the link, pushed by what Vast shows, capped by the job's start timeout); each heartbeat pushes
-it forward, never past the stall deadline of an early phase (``start_deadline.phase_due``),
+it forward, never past the stall deadline of an early phase (``phase_stall.phase_due``),
 and a heartbeat that reports a GPU fault or a stall pulls it to now. One indexed query finds
 the due ones; each is then judged, in this order: no agent by the start deadline (5), a GPU
 fault (3), silence (2, through the silence rule, which holds silence the supervisor itself

@@ -1,6 +1,6 @@
-"""Start deadlines from bytes and the link: how long a host may take to come up, and how long an
-early phase of its agent may go without moving a byte. Plain values in (no Django), so the
-watchdog, the provider poll, the heartbeat and a bench ask the same question.
+"""Start deadlines from bytes and the link: how long a host may take to come up (and, in
+``phase_stall``, how long an early phase of its agent may go without a byte). Plain values in,
+so the watchdog, the provider poll, the heartbeat and a bench ask the same question.
 
 **Before the agent exists** (``start_due``, then ``pushed_start_due`` at each provider poll that
 brings news): the host is due to have an agent by
@@ -27,23 +27,16 @@ What Vast shows is progress, and pushes the deadline later, never earlier (``pus
   from then.
 A status that does not change pushes nothing: a pull that hangs keeps the deadline it had.
 
-**After register** (``phase_due``): each early phase of the agent (code, stage, restore; setup
-moves bytes too, but no total is known and a compile moves none, so it is never judged) reports
-its bytes done and total on every heartbeat. A phase with bytes left is stalled when none moved
-for the bytes left in every phase under way at the link measured so far on this host (else the
-advertised one), times the same margin, and at least ``PHASE_FLOOR_S`` (and
-``PHASE_FLOOR_BEATS`` heartbeats: bytes are only seen once per beat). The user's cap does not
-apply after register: a long setup or a big model download that moves is not a failure.
+**After register** the early phases' bytes are judged by ``phase_stall``, at the same link and
+margins (``Link``), with the same words.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 GIB = 1024**3  # the unit image sizes are priced in (hosts.selection.BYTES_PER_GB)
 BITS_PER_MBIT = 1_000_000
@@ -70,14 +63,6 @@ CACHED_AT = 0.5  # the chance at which a machine is taken to hold the image
 # progress line continuously while a layer downloads or extracts (gunzip runs at tens of MB/s,
 # so a several-GB layer still prints progress every second), and the poll reads it every 10 s.
 PULL_QUIET_S = 120.0
-# An early phase is never called stalled sooner than this, nor within this many heartbeats: a
-# ranged GET that is retried, or a beat that arrived just before the bytes, is not a stall.
-PHASE_FLOOR_S = 60.0
-PHASE_FLOOR_BEATS = 4
-# The early phases an agent reports bytes for (PROTOCOL.md, heartbeat ``phase_progress``).
-EARLY_PHASES = ("code", "stage", "setup", "restore")
-MEASURE_MIN_BYTES = 4 * 1024**2  # less than this, or in under MEASURE_MIN_S, measures no link
-MEASURE_MIN_S = 2.0
 
 # Docker's pull progress words (`docker pull` prints one line per layer); an error retry
 # ("Retrying in 5 seconds") is not progress.
@@ -164,16 +149,16 @@ class StartPlan:
     def pull_words(self) -> str:
         if self.image_gb <= 0:
             return "no image size known"
-        return f"pull of {_gb(self.image_gb)} at {self.link.words}: {_s(self.pull_s)}"
+        return f"pull of {_gb(self.image_gb)} at {self.link.words}: {seconds_text(self.pull_s)}"
 
     def capped(self, at: datetime, why: str) -> Due:
         """AT, or the rent plus the cap when that comes first."""
         cap = self.rented_at + timedelta(seconds=self.start_timeout_s)
         if cap > at:
             return Due(at, why)
-        words = f"the job's start timeout ({_s(self.start_timeout_s)})"
+        words = f"the job's start timeout ({seconds_text(self.start_timeout_s)})"
         if why:  # what the bytes would have allowed, so that a person can raise the cap
-            words += f", under {why} = {_s((at - self.rented_at).total_seconds())}"
+            words += f", under {why} = {seconds_text((at - self.rented_at).total_seconds())}"
         return Due(cap, words, True)
 
 
@@ -184,14 +169,14 @@ def start_due(plan: StartPlan) -> Due:
         # No link to time the pull by (an instance adopted by its label has no offer): only
         # the user's cap is known never to come before a pull that is going well.
         return plan.capped(plan.rented_at + timedelta(seconds=plan.start_timeout_s), "")
-    parts = [f"Vast's start ≤ {_s(a.vast_start_s)}"]
+    parts = [f"Vast's start ≤ {seconds_text(a.vast_start_s)}"]
     seconds = a.vast_start_s + a.agent_start_s
     if plan.image_held:
         parts.insert(0, "image on the machine")
     else:
         parts.append(plan.pull_words)
         seconds += plan.pull_s
-    parts.append(f"agent start {_s(a.agent_start_s)}")
+    parts.append(f"agent start {seconds_text(a.agent_start_s)}")
     return plan.capped(plan.rented_at + timedelta(seconds=seconds), " + ".join(parts))
 
 
@@ -247,7 +232,7 @@ def _pushes(plan: StartPlan, news: ProviderNews, *, now: datetime) -> list[Due]:
         pull = 0.0 if held else plan.pull_s
         what = "image on the machine" if held else plan.pull_words
         seconds = pull + a.container_start_s + a.agent_start_s
-        why = f"{clock}: {what} + container start {_s(a.container_start_s)}"
+        why = f"{clock}: {what} + container start {seconds_text(a.container_start_s)}"
         found.append(Due(now + timedelta(seconds=seconds), f"{why} + agent start"))
     if changed and news.now_status == "running":
         found.append(Due(now + timedelta(seconds=a.agent_start_s), f"{clock}: agent start"))
@@ -256,7 +241,7 @@ def _pushes(plan: StartPlan, news: ProviderNews, *, now: datetime) -> list[Due]:
         why = f"pulling after all ({said}): {plan.pull_words} + starts"
         found.append(Due(now + timedelta(seconds=plan.pull_s + tail), why))
     if news.now_status == "loading" and news.pull_moving:
-        why = f"pull moving ({said}): {_s(PULL_QUIET_S)} without news + starts"
+        why = f"pull moving ({said}): {seconds_text(PULL_QUIET_S)} without news + starts"
         found.append(Due(now + timedelta(seconds=PULL_QUIET_S + tail), why))
     return found
 
@@ -270,156 +255,10 @@ def pull_seen_on_held_image(plan: StartPlan, news: ProviderNews) -> bool:
 def overdue_detail(due: Due, *, rented_at: datetime, provider_status: str, now: datetime) -> str:
     """Why a host without an agent is abandoned: "not running 212 s after rent: <why>, due by
     180 s" (or "running but no agent" when Vast says it runs)."""
-    elapsed = _s((now - rented_at).total_seconds())
+    elapsed = seconds_text((now - rented_at).total_seconds())
     state = "running but no agent" if provider_status == "running" else "not running"
-    by = _s((due.at - rented_at).total_seconds())
+    by = seconds_text((due.at - rented_at).total_seconds())
     return f"{state} {elapsed} after rent: {due.why}, due by {by}"
-
-
-# ---- after register: the early phases ----------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PhaseBytes:
-    """One early phase as its agent reported it: bytes done, bytes total (None: unknown),
-    whether it ended, and when its bytes last moved (PROGRESS_AT, on the supervisor's clock)."""
-
-    done: int
-    total: int | None
-    finished: bool
-    progress_at: datetime
-
-    @property
-    def left(self) -> int | None:
-        """Bytes still to come, None when the total is unknown."""
-        return None if self.total is None else max(self.total - self.done, 0)
-
-    @property
-    def judged(self) -> bool:
-        """Whether this phase can stall: under way, with bytes left of a known total."""
-        return not self.finished and bool(self.left)
-
-
-@dataclass(frozen=True)
-class EarlyProgress:
-    """The early phases of one attempt as stored between beats (``as_json``/``from_json``), and
-    the bytes that measure this host's link: the sum of the phases' bytes at the first report
-    (FIRST_AT, FIRST_BYTES) and at the last one that moved (MOVED_AT, MOVED_BYTES)."""
-
-    phases: Mapping[str, PhaseBytes]
-    first_at: datetime
-    first_bytes: int
-    moved_at: datetime
-    moved_bytes: int
-
-    @property
-    def measured_mbps(self) -> float | None:
-        """This host's link as its agent's phases measured it (the bytes over the time up to the
-        last progress, so that a stall does not lower it), None for too few bytes or seconds."""
-        moved = self.moved_bytes - self.first_bytes
-        seconds = (self.moved_at - self.first_at).total_seconds()
-        if moved < MEASURE_MIN_BYTES or seconds < MEASURE_MIN_S:
-            return None
-        return moved * 8 / seconds / BITS_PER_MBIT
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "phases": {
-                name: {
-                    "done": p.done,
-                    "total": p.total,
-                    "finished": p.finished,
-                    "at": p.progress_at.isoformat(),
-                }
-                for name, p in self.phases.items()
-            },
-            "first": {"at": self.first_at.isoformat(), "bytes": self.first_bytes},
-            "moved": {"at": self.moved_at.isoformat(), "bytes": self.moved_bytes},
-        }
-
-    @classmethod
-    def from_json(cls, data: Any) -> EarlyProgress | None:
-        """The stored progress, or None for none (or a row written before a key existed)."""
-        try:
-            phases = {
-                name: PhaseBytes(
-                    int(p["done"]),
-                    None if p["total"] is None else int(p["total"]),
-                    bool(p["finished"]),
-                    datetime.fromisoformat(p["at"]),
-                )
-                for name, p in data["phases"].items()
-            }
-            first, moved = data["first"], data["moved"]
-            return cls(
-                phases,
-                datetime.fromisoformat(first["at"]),
-                int(first["bytes"]),
-                datetime.fromisoformat(moved["at"]),
-                int(moved["bytes"]),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError):
-            return None
-
-
-def next_progress(
-    stored: EarlyProgress | None, reported: Mapping[str, Mapping[str, Any]], *, now: datetime
-) -> EarlyProgress:
-    """STORED updated with one beat's REPORTED phases (name → bytes_done, bytes_total, done).
-
-    A phase whose bytes rose, that is new, or that ended moved at NOW; one whose bytes fell was
-    started again (an agent restarted in the same container counts from 0), which is progress
-    too, and so is the measure of the link started again."""
-    before = dict(stored.phases) if stored else {}
-    phases = {}
-    for name, r in reported.items():
-        done, total, finished = int(r["bytes_done"]), r.get("bytes_total"), bool(r.get("done"))
-        old = before.get(name)
-        moved = old is None or done != old.done or (finished and not old.finished)
-        at = now if moved else old.progress_at
-        phases[name] = PhaseBytes(done, None if total is None else int(total), finished, at)
-    phases = {**{k: v for k, v in before.items() if k not in phases}, **phases}
-    total_now = sum(p.done for p in phases.values())
-    if stored is None or total_now < stored.moved_bytes:
-        return EarlyProgress(phases, now, total_now, now, total_now)
-    if total_now > stored.moved_bytes:
-        return EarlyProgress(phases, stored.first_at, stored.first_bytes, now, total_now)
-    return EarlyProgress(
-        phases, stored.first_at, stored.first_bytes, stored.moved_at, stored.moved_bytes
-    )
-
-
-def phase_allowance_s(progress: EarlyProgress, link: Link, *, interval_s: float) -> float:
-    """How long a phase may go without a byte: every byte still to come in the phases under way
-    (they share the link) at LINK with its margin, at least the floor."""
-    left = sum(p.left or 0 for p in progress.phases.values() if p.judged)
-    floor = max(PHASE_FLOOR_S, PHASE_FLOOR_BEATS * interval_s)
-    return max(floor, link.seconds(left))
-
-
-def phase_due(progress: EarlyProgress, link: Link, *, interval_s: float) -> Due | None:
-    """The moment the first phase under way stalls if no byte of it moves (and why), or None
-    when none can stall (all done, or none with a known total)."""
-    judged = {name: p for name, p in progress.phases.items() if p.judged}
-    if not judged:
-        return None
-    allowance = phase_allowance_s(progress, link, interval_s=interval_s)
-    name, phase = min(judged.items(), key=lambda item: item[1].progress_at)
-    left = sum(p.left or 0 for p in judged.values())
-    why = f"{name}: {_bytes(left)} left at {link.words}, at most {_s(allowance)} without a byte"
-    return Due(phase.progress_at + timedelta(seconds=allowance), why)
-
-
-def stall_detail(progress: EarlyProgress, link: Link, *, now: datetime) -> str:
-    """Why an early phase counts as stalled: "stalled in restore: 0 bytes in 61 s, 310 MB left
-    at 80 Mbit/s measured"."""
-    judged = {name: p for name, p in progress.phases.items() if p.judged}
-    if not judged:
-        return "stalled before the command started"
-    name, phase = min(judged.items(), key=lambda item: item[1].progress_at)
-    quiet = _s((now - phase.progress_at).total_seconds())
-    left = sum(p.left or 0 for p in judged.values())
-    return f"stalled in {name}: 0 bytes in {quiet}, {_bytes(left)} left at {link.words}"
 
 
 # ---- words ---------------------------------------------------------------------------------
@@ -435,7 +274,7 @@ def positive(value: object) -> bool:
     )
 
 
-def _s(seconds: float) -> str:
+def seconds_text(seconds: float) -> str:
     return f"{max(seconds, 0):.0f} s"
 
 
@@ -447,7 +286,7 @@ def _gb(gb: float) -> str:
     return f"{gb:.1f} GB"
 
 
-def _bytes(nbytes: float) -> str:
+def bytes_text(nbytes: float) -> str:
     if nbytes >= GIB:
         return f"{nbytes / GIB:.1f} GB"
     return f"{nbytes / 1024**2:,.0f} MB"

@@ -15,6 +15,7 @@ from django.conf import settings
 from jobs.models import Attempt
 from jobs.rent_decision import RentDecision
 from jobs.spec import ProfileSpec
+from jobs.watchdog import phase_stall as ps
 from jobs.watchdog import start_deadline as sd
 
 MACHINE_LINKS = 5  # the newest links measured on a machine that count (their median)
@@ -139,12 +140,12 @@ def _store(attempt: Attempt, due: sd.Due, *, guard: dict | None = None, progress
 # ---- after register: the early phases --------------------------------------------------------
 
 
-def early_progress(attempt: Attempt) -> sd.EarlyProgress | None:
+def early_progress(attempt: Attempt) -> ps.EarlyProgress | None:
     """ATTEMPT's early phases as its heartbeats stored them (None: none reported)."""
-    return sd.EarlyProgress.from_json((attempt.start_progress or {}).get("early"))
+    return ps.EarlyProgress.from_json((attempt.start_progress or {}).get("early"))
 
 
-def early_link(progress: sd.EarlyProgress | None, *, advertised_mbps: float | None) -> sd.Link:
+def early_link(progress: ps.EarlyProgress | None, *, advertised_mbps: float | None) -> sd.Link:
     """The link an early phase is judged at: what this host's phases measured so far, else what
     its offer advertised."""
     measured = progress.measured_mbps if progress is not None else None
@@ -153,7 +154,7 @@ def early_link(progress: sd.EarlyProgress | None, *, advertised_mbps: float | No
 
 def early_stall(attempt: Attempt, *, now: datetime) -> str | None:
     """Why ATTEMPT, registered and still before its command, has an early phase stalled at NOW
-    (``start_deadline.stall_detail``), or None when its phase deadline has not passed."""
+    (``phase_stall.stall_detail``), or None when its phase deadline has not passed."""
     due = attempt.start_due_at
     if attempt.phase != "restoring" or due is None or due > now:
         return None
@@ -161,4 +162,4 @@ def early_stall(attempt: Attempt, *, now: datetime) -> str | None:
     if progress is None:
         return None
     link = early_link(progress, advertised_mbps=RentDecision.of(attempt).download_mbps)
-    return sd.stall_detail(progress, link, now=now)
+    return ps.stall_detail(progress, link, now=now)
