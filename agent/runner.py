@@ -192,29 +192,47 @@ class Agent(AgentState):
             self._stage(a)
         self.phases.mark("stage_done")  # also without a stage, as for code and setup
 
+    # Each early phase reports its bytes (self.meter, PROTOCOL.md ``phase_progress``): code
+    # from an archive, stage and restore count their downloads; git and setup the container's.
+
     def _place_code(self, a: Assignment) -> None:
+        if a.code is None:
+            return
+        downloads = self.downloads
+        if a.code.kind == "archive" and a.code.object is not None:
+            downloads = downloads.for_phase(self.meter, "code", int(a.code.object["size"]))
+        else:
+            self.meter.begin_by_network("code")
         place_code(
             a.code, target=self.work_dir, scratch=self.o.workdir, job_env=a.env,
-            downloads=self.downloads, run=self.child.run_step,
+            downloads=downloads, run=self.child.run_step,
         )  # fmt: skip
+        self.meter.end("code")
 
     def _stage(self, a: Assignment) -> None:
+        total = sum(int(f.object["size"]) for entry in a.stage for f in entry.files)
         fetch_staged(
             a.stage, hf_home=hf_home(self.o.workdir, a.env), stage_dir=stage_dir(self.o.workdir),
-            scratch=self.o.workdir, downloads=self.downloads,
+            scratch=self.o.workdir, downloads=self.downloads.for_phase(self.meter, "stage", total),
         )  # fmt: skip
+        self.meter.end("stage")
 
     def _setup(self, a: Assignment) -> None:
+        if a.setup.strip():
+            self.meter.begin_by_network("setup")
         run_setup(
             a.setup, key=workdir.setup_key(a.job_id, a.code, a.setup), scratch=self.o.workdir,
             cwd=self.work_dir, env=self._child_env(a, None), run=self.child.run_step,
         )  # fmt: skip
+        self.meter.end("setup")
 
     def _restore(self, a: Assignment) -> Path:
+        size = int(((a.resume or {}).get("object") or {}).get("size") or 0)
         restored = restore_checkpoint(
             a.resume or {}, data_key=a.data_key, checkpoint_dir=self.o.checkpoint_dir,
-            downloads=self.downloads,
+            downloads=self.downloads.for_phase(self.meter, "restore", size or None),
         )  # fmt: skip
+        self.meter.end("restore")
         self.phases.mark("restore_downloaded", restored.downloaded_at)
         self.phases.mark("restore_unpacked", restored.unpacked_at)
         return restored.path

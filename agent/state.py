@@ -37,6 +37,7 @@ from agent.netdev import NetCounter
 from agent.phases import PhaseClock
 from agent.phases.child import Child
 from agent.phases.downloads import Downloads
+from agent.phases.meter import PhaseMeter
 from agent.progress import ProgressWatcher
 from agent.uploader import Uploader
 
@@ -76,6 +77,8 @@ class AgentState:
         self.uploader: Uploader | None = None
         self.storage = httpx.Client(timeout=httpx.Timeout(300.0, connect=30.0))
         self.downloads = Downloads(self.storage, self.counter, self.fenced)
+        # The early phases' bytes, sent with heartbeats until the command starts.
+        self.meter = PhaseMeter(self._net_received)
         self.work_dir = options.workdir  # NOMAD_WORKDIR; the code's folder once register says
         # Secrets are masked in the tail and in our own log lines from the moment they arrive.
         self.mask = SecretMask()
@@ -167,6 +170,7 @@ class AgentState:
             **self._net_bytes(),
             "log_tail": self.tail.text(),
             **self._phases(),
+            **self._phase_progress(),
         }
 
     def _poll_progress(self) -> None:
@@ -177,6 +181,17 @@ class AgentState:
     def _phases(self) -> dict[str, dict[str, float]]:
         pending = self.phases.pending()
         return {"phases": pending} if pending else {}
+
+    def _phase_progress(self) -> dict[str, dict[str, Any]]:
+        """The early phases' bytes while they run (before the command; PROTOCOL.md)."""
+        if self.phase != "restoring":
+            return {}
+        progress = self.meter.snapshot()
+        return {"phase_progress": progress} if progress else {}
+
+    def _net_received(self) -> int | None:
+        moved = self.net.sample()
+        return None if moved is None else moved[0]
 
     def _net_bytes(self) -> dict[str, int]:
         moved = self.net.sample()

@@ -280,8 +280,9 @@ def mark_rented(
         if not claimed:
             enqueue(DESTROY_TASK, attempt.job.team_id, instance_id)
             return False
-        start_deadline = now + timedelta(seconds=attempt.job.start_timeout_s)
-        Attempt.objects.filter(pk=attempt_id).update(heartbeat_deadline=start_deadline)
+        # Due at once: the watchdog's next look sets the start deadline from the image's bytes
+        # and the link (jobs.watchdog.start_due), never later than the job's start timeout.
+        Attempt.objects.filter(pk=attempt_id).update(heartbeat_deadline=now)
         Job.objects.filter(pk=attempt.job_id).update(next_rent_at=None, rent_backoff_s=0)
         Interruption.objects.filter(job_id=attempt.job_id, replacement_rented_at=None).update(
             replacement_rented_at=now

@@ -1,7 +1,8 @@
 """The one reader of a stored rent decision: ``Attempt.decision`` (``selection.Decision.
-as_dict``, stored at rent) read by name here only: the image pull priced, the chosen offer's
-upload speed, the planned speed and upload cost, the choice after an outbid or while a host
-is offline, the ranked candidates the job page shows.
+as_dict``, stored at rent) read by name here only: the image pull priced (and the chance the
+machine held the image), the chosen offer's download and upload speeds, the planned speed and
+upload cost, the choice after an outbid or while a host is offline, the ranked candidates the
+job page shows.
 """
 
 from __future__ import annotations
@@ -90,6 +91,19 @@ class RentDecision:
     def image_gb(self) -> float:
         """The image pull as priced at rent (the profile's ``image_gb``; 0 without one)."""
         return float(_mapping(self.data.get("profile")).get("image_gb") or 0.0)
+
+    @property
+    def image_cached_chance(self) -> float:
+        """The chance, at rent, that the machine still held the image (``ImageCache``; 0 when
+        not stored): the start deadline allows no pull where it is 0.5 or more."""
+        chance = self.chosen_cost.get("image_cached_chance")
+        return float(chance) if isinstance(chance, int | float) else 0.0
+
+    @property
+    def download_mbps(self) -> float | None:
+        """The download speed the rented offer advertised, if it did."""
+        mbps = self.chosen_offer.get("inet_down_mbps")
+        return float(mbps) if isinstance(mbps, int | float) and mbps > 0 else None
 
     @property
     def startup_download_gb(self) -> float:

@@ -236,6 +236,11 @@ CONTRACT_MOVE_LEAD_S = envfloat("CONTRACT_MOVE_LEAD_S", 1800.0)
 # A job whose host went offline may wait this long in all for it to come back (with its disk)
 # before it moves, when waiting is expected to be cheaper (``hosts.wait_or_move``).
 HOST_RETURN_CAP_S = envfloat("HOST_RETURN_CAP_S", 600.0)
+# A host's start deadline (``jobs.watchdog.start_deadline``): Vast's own start besides the image
+# pull (the top of its documented "2-5 minutes"), and the agent's start once the container runs.
+# The sandbox compresses Vast's minutes, so its end-to-end tests shorten these alike.
+START_PROVISION_S = envfloat("START_PROVISION_S", 300.0)
+START_BOOTSTRAP_S = envfloat("START_BOOTSTRAP_S", 60.0)
 # One paged instance-list call per provider account at most this often (DESIGN: ~10 s).
 PROVIDER_POLL_INTERVAL_S = envfloat("PROVIDER_POLL_INTERVAL_S", 10.0)
 # How often each web process writes its beacon (``nomadgpu.ingest``): the agent API is up and

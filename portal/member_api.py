@@ -131,6 +131,16 @@ class JobOut(Schema):
     finished_at: datetime | None
 
 
+class StartDeadlineOut(Schema):
+    waiting_for: str = Field(description="the host's agent, or the next byte of its start-up")
+    at: datetime
+    in_s: float = Field(description="seconds until the deadline; negative once it passed")
+    why: str = Field(
+        description='what it allows for: "pull of 4.1 GB at 520 Mbit/s measured: 95 s + ..."'
+    )
+    text: str = Field(description="the job page's sentence: why, then due in (or overdue)")
+
+
 class JobDetailOut(JobOut):
     image: str
     command: str
@@ -155,6 +165,12 @@ class JobDetailOut(JobOut):
     stage: dict[str, Any] | None = Field(
         description="the staged model files (jobs.staging): state (staging, ready, failed),"
         " files_done/files_total, bytes_done/bytes_total, text; null when the job stages nothing"
+    )
+    start_deadline: StartDeadlineOut | None = Field(
+        None,
+        description="the deadline the watchdog holds the live host to before training, from"
+        " the image's bytes and the link (docs/renting-and-recovery.md, Detection); null while"
+        " training or without a host",
     )
 
 
@@ -277,6 +293,7 @@ def job_detail_out(job: Job, *, now: datetime) -> dict[str, Any]:
         "failure_reason": job.failure_reason,
         "stage": stage.progress(job),
         "early_finish": job_status.early_finish_note(job),
+        "start_deadline": _start_deadline_out(job, now=now),
         "loss": host.loss if host else None,
         "seconds_per_step": host.seconds_per_step if host else None,
         "cost_breakdown": breakdown,
@@ -308,6 +325,14 @@ def job_detail_out(job: Job, *, now: datetime) -> dict[str, Any]:
             for i in sorted(job.interruptions.all(), key=lambda i: i.detected_at)
         ],
     }
+
+
+def _start_deadline_out(job: Job, *, now: datetime) -> dict[str, Any] | None:
+    due = job_status.start_deadline(job, now=now)
+    if due is None:
+        return None
+    return {"waiting_for": due.waiting_for, "at": due.at, "in_s": due.in_s, "why": due.why,
+            "text": due.text}  # fmt: skip
 
 
 def _gpu_out(gpu: dict[str, Any]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from django_htmx.http import HttpResponseClientRedirect
 
 from agent.ckptcrypto import DecryptingReader
 from billing import resume
-from jobs import lifecycle, rent_decision
+from jobs import job_status, lifecycle, rent_decision
 from jobs.checkpoints import requests
 from jobs.code import job_secrets, packs
 from jobs.job_templates import JOB_TEMPLATES, template_spec
@@ -290,6 +290,7 @@ def detail_context(request: HttpRequest, job: Job) -> dict:
         "checkpoints": checkpoints.newest_first(),
         "auto_checkpoint": requests.page_summary(job, now=now),
         "staging": stage.progress(job),
+        "start_deadline": job_status.start_deadline(job, now=now),
         "attempts": list(job.attempts.all()),
         "gpu_rows": portal.gpu_rows(row.attempt),
         # Masked again here: the agent masks the job's secret values before they leave it.

@@ -58,6 +58,8 @@ CAUSE_LABELS = {
     "gpu_fault": "GPU fault",
     "stalled": "training stalled",
     "never_registered": "agent never started",
+    "start_overdue": "host not up by its start deadline",
+    "start_stalled": "start-up stalled (code, model or checkpoint download)",
     "start_failed": "host could not start the container",
     "agent_error": "agent error",
     "killed": "training process killed",
@@ -353,7 +355,13 @@ def outage_lines(team: Team | None, *, since: datetime, now: datetime) -> tuple[
 
 # The losses an outage of the agent API could have caused: silence, no progress heard, no
 # registration heard.
-SILENCE_CAUSES = ("heartbeat_timeout", "stalled", "never_registered")
+SILENCE_CAUSES = (
+    "heartbeat_timeout",
+    "stalled",
+    "never_registered",
+    "start_overdue",
+    "start_stalled",
+)
 
 
 def jobs_needing_attention(team: Team) -> int:

@@ -11,6 +11,7 @@ beside both; then the command.
 - child.py: the one process running at a time (git, setup, the command): started, watched
   for stop and signals, signalled as a group;
 - downloads.py: what a phase that downloads is given (client, byte counter, retries);
+- meter.py: each early phase's bytes, for the heartbeat's ``phase_progress``;
 - clock.py: PhaseClock, when each phase ended (PROTOCOL.md ``phases``), re-exported here.
 
 Each phase is a function: its arguments are everything it reads and its return value is what it

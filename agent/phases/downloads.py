@@ -12,12 +12,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import httpx
 
 from agent import checkpoints as ck
+from agent.phases.meter import PhaseMeter
 
 log = logging.getLogger("agent")
 
@@ -30,6 +31,11 @@ class Downloads:
     storage: httpx.Client
     counter: ck.ByteCounter
     fenced: threading.Event  # the token died: no further try
+
+    def for_phase(self, meter: PhaseMeter, name: str, total: int | None) -> Downloads:
+        """These downloads counted for phase NAME too (of TOTAL bytes), which begins now."""
+        meter.begin(name, total)
+        return replace(self, counter=meter.counter(name, self.counter))
 
     def retried(self, what: str, fetch: Callable[[], T]) -> T:
         """FETCH, tried RESTORE_TRIES times while it fails with DownloadError."""

@@ -115,6 +115,28 @@ class GpuHealthIn(BaseModel):
     gpus: list[GpuIn] = Field(default_factory=list, max_length=MAX_GPUS)
 
 
+class PhaseBytesIn(BaseModel):
+    """One early phase's bytes: done so far (this agent process), the total where known, and
+    whether the phase ended."""
+
+    bytes_done: int = Field(0, ge=0, le=2**63 - 1)
+    bytes_total: int | None = Field(None, ge=0, le=2**63 - 1)
+    done: bool = False
+
+
+class PhaseProgressIn(BaseModel):
+    """The early phases an agent has begun (PROTOCOL.md, heartbeat ``phase_progress``); unknown
+    names are ignored, and an older agent sends none."""
+
+    code: PhaseBytesIn | None = None
+    stage: PhaseBytesIn | None = None
+    setup: PhaseBytesIn | None = None
+    restore: PhaseBytesIn | None = None
+
+    def reported(self) -> dict[str, dict]:
+        return {name: p for name, p in self.model_dump().items() if p is not None}
+
+
 class HeartbeatIn(BaseModel):
     seq: int = Field(..., ge=0)
     phase: Literal["starting", "restoring", "running", "uploading", "exiting"] = "running"
@@ -131,6 +153,8 @@ class HeartbeatIn(BaseModel):
     log_tail: str = Field("", max_length=16 * 1024)
     # Sent until a heartbeat carrying them is answered; then no more.
     phases: PhasesIn | None = None
+    # Before the command: the early phases' bytes (the start deadline's stall rule).
+    phase_progress: PhaseProgressIn | None = None
 
 
 class HeartbeatOut(BaseModel):
@@ -180,10 +204,11 @@ def register(request: HttpRequest, payload: RegisterIn) -> dict:
 def heartbeat(request: HttpRequest, payload: HeartbeatIn) -> dict:
     gpu, now = payload.gpu, timezone.now()
     beat = Heartbeat(
-        **payload.model_dump(exclude={"gpu", "phases"}),
+        **payload.model_dump(exclude={"gpu", "phases", "phase_progress"}),
         gpu_ok=gpu.ok,
         gpu_error=gpu.error or "",
         gpus=[g.model_dump() for g in gpu.gpus],
+        phase_progress=payload.phase_progress.reported() if payload.phase_progress else None,
     )
     if payload.phases is not None:
         record_phases(request.auth.pk, payload.phases.ages(), now=now)

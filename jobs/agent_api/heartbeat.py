@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from jobs import lifecycle
-from jobs.agent_api import heartbeat_store
+from jobs.agent_api import early_progress, heartbeat_store
 from jobs.agent_api.heartbeat_store import Heartbeat
 from jobs.agent_api.phases import record_phases
 from jobs.models import ON_HOST_STATES, Attempt, AttemptState, LossPoint, loss_sample_every
@@ -28,9 +28,18 @@ def record_heartbeat(attempt: Attempt, beat: Heartbeat, *, now: datetime) -> dic
     """Store BEAT for ATTEMPT (authenticated, loaded as ``heartbeat_store.load_for_heartbeat``
     loads it) and answer with the command for the agent.
 
-    A GPU fault pulls the watchdog's deadline to now, so its next tick ends the attempt."""
+    A GPU fault pulls the watchdog's deadline to now, so its next tick ends the attempt; an
+    early phase's bytes (before the command) keep it no later than that phase's stall
+    deadline (``early_progress``)."""
+    early = None
+    if beat.phase_progress and beat.phase == "restoring":
+        early = early_progress.judge_early(attempt, beat.phase_progress, now=now)
     deadline = heartbeat_deadline(attempt, now) if beat.gpu_ok else now
+    if early is not None and early.due is not None:
+        deadline = min(deadline, early.due.at)
     stored = heartbeat_store.store_heartbeat(attempt, beat, now=now, deadline=deadline)
+    if stored and early is not None:
+        early_progress.store_early(attempt.pk, early)
     return _after_store(attempt, beat, stored=stored, now=now)
 
 

@@ -55,6 +55,9 @@ class Heartbeat:
     net_tx_bytes: int | None = None
     # Per GPU (api.GpuIn), as stored.
     gpus: list[dict] = dataclasses.field(default_factory=list)
+    # The early phases' bytes (api.PhaseProgressIn), by phase; None from an older agent or once
+    # the command runs. Not written by ``store_heartbeat`` (``early_progress`` keeps them).
+    phase_progress: dict[str, dict] | None = None
 
 
 def load_for_heartbeat(prefix: str) -> Attempt | None:

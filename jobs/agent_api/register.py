@@ -43,6 +43,11 @@ def register_agent(
         last_heartbeat_at=now,
         heartbeat_deadline=heartbeat_deadline(attempt, now),
         resumed_from_step=resume["step"] if resume else 0,
+        # The host's start deadline is met; its early phases set their own with their bytes
+        # (heartbeat ``phase_progress``), counted again from 0 by a restarted agent.
+        start_due_at=None,
+        start_due_why="",
+        start_progress={},
         **first_reports(ages, now),
     )
     return {

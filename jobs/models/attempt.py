@@ -130,6 +130,17 @@ class Attempt(models.Model):
     billed_download_usd = models.FloatField(null=True, blank=True)
     billed_upload_usd = models.FloatField(null=True, blank=True)
     billed_through = models.DateTimeField(null=True, blank=True)
+    # The start deadline (``jobs.watchdog.start_deadline``): before the agent, when the host must
+    # have one (from the image's bytes and the link, pushed by what Vast shows); after register,
+    # when the early phase under way stalls if no byte of it moves. With why, in words, and what
+    # it was decided on (the early phases' bytes; a pull seen on a machine taken to hold the
+    # image). ``heartbeat_deadline`` is never later than it while it applies.
+    start_due_at = models.DateTimeField(null=True, blank=True)
+    start_due_why = models.CharField(max_length=300, blank=True)
+    start_progress = models.JSONField(default=dict, blank=True)
+    # The download link this host's agent measured (its early phases' bytes over their time):
+    # the machine's measured link for the team's next start deadline there.
+    link_mbps = models.FloatField(null=True, blank=True)
     log_tail = models.TextField(blank=True)
     pending_command = models.CharField(max_length=20, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)

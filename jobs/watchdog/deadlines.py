@@ -1,12 +1,15 @@
 """The deadline causes (conditions 2-5): an attempt whose ``heartbeat_deadline`` passed, judged.
 
-Every attempt stores the moment by which it must be looked at: renting sets it to the start
-timeout, each heartbeat pushes it forward, and a heartbeat that reports a GPU fault or a stall
-pulls it to now. One indexed query finds the due ones; each is then judged, in this order:
-never registered (5), a GPU fault (3), silence (2, through the silence rule, which holds
-silence the supervisor itself caused), a stall (4). A network blip shorter than the heartbeat
-timeout while the provider still says running is therefore not a loss; an attempt that is not
-lost after all gets its deadline moved to when it could be.
+Every attempt stores the moment by which it must be looked at: renting makes it due at once,
+and the first look sets it to the host's start deadline (``start_due``: the image's bytes at
+the link, pushed by what Vast shows, capped by the job's start timeout); each heartbeat pushes
+it forward, never past the stall deadline of an early phase (``phase_stall.phase_due``),
+and a heartbeat that reports a GPU fault or a stall pulls it to now. One indexed query finds
+the due ones; each is then judged, in this order: no agent by the start deadline (5), a GPU
+fault (3), silence (2, through the silence rule, which holds silence the supervisor itself
+caused), an early phase stalled, a training stall (4). A network blip shorter than the
+heartbeat timeout while the provider still says running is therefore not a loss; an attempt
+that is not lost after all gets its deadline moved to when it could be.
 """
 
 from __future__ import annotations
@@ -17,8 +20,11 @@ from datetime import datetime
 from hosts.vast import container_runtime_failed
 from jobs.lifecycle import Loss
 from jobs.models import ON_HOST_STATES, Attempt, AttemptState
-from jobs.watchdog import silence, stall
+from jobs.watchdog import silence, stall, start_deadline, start_due
 from jobs.watchdog.outages import begin_outage, gather_evidence
+
+START_OVERDUE = "start_overdue"  # no agent by the start deadline from bytes and the link
+START_STALLED = "start_stalled"  # an early phase (code, stage, restore) moved no byte in time
 
 
 def find_due_losses(now: datetime, evidence: silence.Evidence | None = None) -> list[Loss]:
@@ -72,14 +78,7 @@ def judge_due(attempt: Attempt, now: datetime, evidence: silence.Evidence) -> Ju
     """``cause_of_due`` with when to look again: conditions 5, 3, 2 and 4, in that order."""
     job = attempt.job
     if attempt.registered_at is None:
-        verdict = silence.start_verdict(
-            rented_at=attempt.rented_at,
-            start_timeout_s=job.start_timeout_s,
-            evidence=evidence,
-            now=now,
-        )
-        loss = Loss(attempt.pk, "never_registered", never_registered_detail(attempt))
-        return judged(verdict, loss)
+        return judge_start(attempt, now, evidence)
     if attempt.gpu_ok is False:  # the agent itself said so: no outage can explain it
         return Judged(Loss(attempt.pk, "gpu_fault", attempt.gpu_error[:300]))
     timeout = job.heartbeat_timeout
@@ -95,13 +94,49 @@ def judge_due(attempt: Attempt, now: datetime, evidence: silence.Evidence) -> Ju
     if verdict.kind != silence.NOT_YET:
         silent = f"silent for more than {timeout.total_seconds():g} s"
         return judged(verdict, Loss(attempt.pk, "heartbeat_timeout", silent))
-    if silence.reported_since_outage(attempt.last_heartbeat_at, evidence) and is_stalled(
-        attempt, now
-    ):
-        return Judged(
-            Loss(attempt.pk, "stalled", f"step {attempt.step} for {job.stall_timeout_s} s")
+    if silence.reported_since_outage(attempt.last_heartbeat_at, evidence):
+        if (stalled_early := start_due.early_stall(attempt, now=now)) is not None:
+            return Judged(Loss(attempt.pk, START_STALLED, stalled_early))
+        if is_stalled(attempt, now):
+            stalled = f"step {attempt.step} for {job.stall_timeout_s} s"
+            return Judged(Loss(attempt.pk, "stalled", stalled))
+    return Judged(recheck_at=_sooner(verdict.recheck_at, early_due(attempt, now)))
+
+
+def judge_start(attempt: Attempt, now: datetime, evidence: silence.Evidence) -> Judged:
+    """Condition 5: a host without an agent past its start deadline (``start_due``: from the
+    image's bytes and the link, pushed by what Vast shows, never later than the job's
+    ``start_timeout_s``). Lost as ``start_overdue``, or as ``never_registered`` when the user's
+    cap is what ran out; an outage of the agent API since the rent holds it (``silence``)."""
+    due = start_due.ensure_start_due(attempt, now=now)
+    if due is None:  # not rented as far as the row says: judged on the cap alone, as before
+        seconds = float(attempt.job.start_timeout_s)
+    else:
+        seconds = (due.at - attempt.rented_at).total_seconds()
+    verdict = silence.start_verdict(
+        rented_at=attempt.rented_at, start_timeout_s=seconds, evidence=evidence, now=now
+    )
+    if due is None or due.capped:
+        return judged(
+            verdict, Loss(attempt.pk, "never_registered", never_registered_detail(attempt))
         )
-    return Judged(recheck_at=verdict.recheck_at)
+    detail = start_deadline.overdue_detail(
+        due, rented_at=attempt.rented_at, provider_status=attempt.provider_status, now=now
+    )
+    return judged(verdict, Loss(attempt.pk, START_OVERDUE, detail))
+
+
+def early_due(attempt: Attempt, now: datetime) -> datetime | None:
+    """When a registered ATTEMPT's early phase stalls, if that is still ahead of NOW."""
+    due = attempt.start_due_at
+    if attempt.phase != "restoring" or due is None or due <= now:
+        return None
+    return due
+
+
+def _sooner(*moments: datetime | None) -> datetime | None:
+    known = [m for m in moments if m is not None]
+    return min(known) if known else None
 
 
 def judged(verdict: silence.Verdict, loss: Loss) -> Judged:

@@ -20,6 +20,7 @@ from hosts.vast import Instance, VastClient, VastError
 from jobs import attention
 from jobs.lifecycle import Loss
 from jobs.models import ON_HOST_STATES, Attempt, AttemptState, parse_label
+from jobs.watchdog import start_due
 from jobs.watchdog.adopt import adopt_or_close
 from jobs.watchdog.instance_status import OFFLINE, contract_end, provider_loss
 from jobs.watchdog.offline import note_host_back, offline_loss_unless_waiting
@@ -123,7 +124,7 @@ def reconcile_attempt(
         return None
     instance = by_id.get(attempt.instance_id)
     loss = provider_loss(attempt, instance)
-    note_provider_status(attempt, instance)
+    note_provider_status(attempt, instance, now=now)
     if loss is not None and loss.cause == OFFLINE:
         return offline_loss_unless_waiting(attempt, loss, now=now)
     if attempt.offline_since is not None and instance is not None:
@@ -134,15 +135,18 @@ def reconcile_attempt(
     return loss
 
 
-def note_provider_status(attempt: Attempt, instance: Instance | None) -> None:
+def note_provider_status(attempt: Attempt, instance: Instance | None, *, now: datetime) -> None:
     """Keep what the provider last said of ATTEMPT's instance: its status, how many polls in a
-    row it was ``unknown``, and its message (the start timeout quotes it)."""
+    row it was ``unknown``, and its message (the start timeout quotes it). Before the agent, a
+    new status or a pull moving pushes the host's start deadline (``start_due``)."""
     status = instance.actual_status if instance else "gone"
+    msg = ((instance.status_msg or "") if instance else "")[:500]
+    start_due.note_provider_news(attempt, status or "", msg, now=now)
     unknown = F("provider_unknown_polls") + 1 if status == "unknown" else 0
     Attempt.objects.filter(pk=attempt.pk).update(
         provider_status=status or "",
         provider_unknown_polls=unknown,
-        provider_status_msg=((instance.status_msg or "") if instance else "")[:500],
+        provider_status_msg=msg,
         contract_ends_at=contract_end(instance),
     )
 

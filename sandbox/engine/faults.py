@@ -1,7 +1,7 @@
 """Failure injection (``POST /sandbox/inject/{id}``, ``sandbox inject``): the dispatcher, and
 the faults of one container or contract: a GPU fault, a slow machine, an outbid, a container
-reboot, an early contract end, a container that cannot be created, an aged history, an
-overcharge. A host cut off, gone or rebooting is ``host_outages.py``.
+reboot, an early contract end, a container that cannot be created, an image pull that hangs,
+an aged history, an overcharge. A host cut off, gone or rebooting is ``host_outages.py``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ INSTANCE_ACTIONS = (
     "age",
     "oci-fail",
     "expire-in",
+    "stuck-loading",
 )
 # What a host whose NVIDIA runtime cannot attach the GPU shows, word for word from a recorded
 # instance body (a public third-party Vast client's test fixture: actual_status `created`,
@@ -39,6 +40,10 @@ OCI_FAILURE = (
     "specification: error modifying OCI spec: failed to inject CDI devices: unresolvable CDI "
     "devices"
 )
+
+# A Docker pull's progress line, as Vast's status_msg carries one while an image loads (a
+# recorded instance body shows "0d30c18b26f8: Retrying in 5 seconds"); this one never moves.
+STUCK_PULL = "8f3a1c2d9e07: Downloading [=====>          ]  1.21GB/3.6GB"
 
 
 class Faults(EngineCore):
@@ -127,6 +132,26 @@ class Faults(EngineCore):
             intended="stopped",
             deadline=None,
             status_msg=OCI_FAILURE,
+        )
+        self.processes.kill(pgid)
+
+    def _inject_stuck_loading(self, inst: dict, arg: Any) -> None:
+        """The image pull hangs: the instance shows ``loading`` for good (no phase runs out any
+        more), ``status_msg`` frozen on one line of a Docker pull (``STUCK_PULL``); a running
+        container is taken back to ``loading`` first, its processes killed, as a restart whose
+        pull never ends. Storage bills, the GPU does not (Vast's ``loading``). Vast's docs call
+        a long ``loading`` normal "with slow internet/large images", so only the renter's start
+        deadline can tell it from a slow pull."""
+        if inst["status"] not in ("created", "loading", "running", "rebooting"):
+            raise ApiError(400, "invalid_args", f"instance is {inst['status']}, not starting")
+        _, pgid = self._release(
+            inst["id"],
+            self.clock(),
+            event="image pull stuck",
+            status="loading",
+            frozen=0,
+            deadline=None,
+            status_msg=STUCK_PULL,
         )
         self.processes.kill(pgid)
 

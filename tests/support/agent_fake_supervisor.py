@@ -354,6 +354,7 @@ class FakeSupervisor:
         for name in ("step", "total_steps"):
             if body.get(name) is not None and not isinstance(body[name], int):
                 raise ApiError(422, f"{name} must be an integer or null")
+        _check_phase_progress(body.get("phase_progress"))
         attempt.heartbeats.append({**body, "received_at": time.time()})
         command = attempt.commands.pop(0) if attempt.commands else "continue"
         return {"command": command, "heartbeat_interval_s": self.job.heartbeat_interval_s}
@@ -450,6 +451,27 @@ class FakeSupervisor:
         attempt.exit = {**body, "received_at": time.time()}
         attempt.live = False
         return {}
+
+
+def _check_phase_progress(progress: Any) -> None:
+    """PROTOCOL.md, heartbeat ``phase_progress``: optional; per phase begun, bytes done (a
+    whole number ≥ 0), bytes total (one, or null when unknown) and whether it ended."""
+    if progress is None:
+        return
+    if not isinstance(progress, dict):
+        raise ApiError(422, "phase_progress must be an object")
+    for name, phase in progress.items():
+        if not isinstance(phase, dict):
+            raise ApiError(422, f"phase_progress.{name} must be an object")
+        done, total = phase.get("bytes_done"), phase.get("bytes_total")
+        if not _count(done) or (total is not None and not _count(total)):
+            raise ApiError(422, f"phase_progress.{name}: bytes must be whole numbers >= 0")
+        if not isinstance(phase.get("done"), bool):
+            raise ApiError(422, f"phase_progress.{name}.done must be true or false")
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
 
 
 def _check(body: dict[str, Any], **types: type) -> None:
