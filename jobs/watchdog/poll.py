@@ -14,7 +14,8 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
-from django.db.models import F
+from django.db.models import DateTimeField, F, Value
+from django.db.models.functions import Coalesce
 
 from hosts.vast import Instance, VastClient, VastError
 from jobs import attention
@@ -123,7 +124,7 @@ def reconcile_attempt(
         return None
     instance = by_id.get(attempt.instance_id)
     loss = provider_loss(attempt, instance)
-    note_provider_status(attempt, instance)
+    note_provider_status(attempt, instance, now=now)
     if loss is not None and loss.cause == OFFLINE:
         return offline_loss_unless_waiting(attempt, loss, now=now)
     if attempt.offline_since is not None and instance is not None:
@@ -134,9 +135,11 @@ def reconcile_attempt(
     return loss
 
 
-def note_provider_status(attempt: Attempt, instance: Instance | None) -> None:
+def note_provider_status(attempt: Attempt, instance: Instance | None, *, now: datetime) -> None:
     """Keep what the provider last said of ATTEMPT's instance: its status, how many polls in a
-    row it was ``unknown``, and its message (the start timeout quotes it)."""
+    row it was ``unknown``, its message (the start timeout quotes it), and the moments the poll
+    first read it ``loading`` and ``running`` (``first_reads``: what ``billing.spend`` records
+    GPU time from, and ``billing.image_pull`` reads a pull from)."""
     status = instance.actual_status if instance else "gone"
     unknown = F("provider_unknown_polls") + 1 if status == "unknown" else 0
     Attempt.objects.filter(pk=attempt.pk).update(
@@ -144,7 +147,21 @@ def note_provider_status(attempt: Attempt, instance: Instance | None) -> None:
         provider_unknown_polls=unknown,
         provider_status_msg=((instance.status_msg or "") if instance else "")[:500],
         contract_ends_at=contract_end(instance),
+        **first_reads(status, now),
     )
+
+
+# The statuses whose first read is kept, and where: Vast bills the GPU from ``running`` and
+# pulls the image in ``loading`` (docs/vast-api.md §4 and §7).
+FIRST_READ_FIELDS = {"loading": "provider_loading_at", "running": "provider_running_at"}
+
+
+def first_reads(status: str | None, now: datetime) -> dict:
+    """UPDATE expressions keeping NOW as the first read of STATUS, unless one is kept already."""
+    field = FIRST_READ_FIELDS.get(status or "")
+    if field is None:
+        return {}
+    return {field: Coalesce(F(field), Value(now, output_field=DateTimeField()))}
 
 
 def reap_orphans(client: VastClient, instances: list[Instance], owned: set, now: datetime) -> None:
