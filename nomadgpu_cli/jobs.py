@@ -14,14 +14,14 @@ def cmd_status(api: Api, args: argparse.Namespace) -> int:
         jobs = api.get("/jobs/", team=args.team, state=args.state)
         print(
             f"{'ID':>5}  {'TEAM':<12} {'NAME':<24} {'STATE':<13} {'STEP':>11} {'ETA':>10} "
-            f"{'COST':>10} {'':<8}  {'GPU':<14} INT"
+            f"{'COST':>10} {'':<15}  {'GPU':<14} INT"
         )
         for j in jobs:
             step = f"{j['step'] if j['step'] is not None else '-'}/{j['total_steps'] or '?'}"
             print(
                 f"{j['id']:>5}  {j['team'][:12]:<12} {j['name'][:24]:<24} {j['state']:<13} "
                 f"{step:>11} {duration(j['eta_s']):>10} {money(j['cost_usd']):>10} "
-                f"{j['cost_basis']:<8}  "
+                f"{j['cost_basis']:<15}  "
                 f"{j['gpu_name'][:14]:<14} {j['interruptions']}"
             )
         return EXIT_OK

@@ -9,9 +9,9 @@ from datetime import datetime
 from django.db.models import Count, Prefetch, QuerySet
 
 from billing.cost import JobCost, charges_prefetch, job_cost
+from billing.cost_in_time import team_cost_between
 from billing.periods import period_bounds
 from billing.services import projected_total
-from billing.spend import spend_between
 from jobs import job_status, lifecycle
 from jobs.models import Attempt, Job
 from nomadgpu.humanize import money, percent_of
@@ -101,9 +101,9 @@ def job_row(job: Job, *, now: datetime) -> JobRow:
     )
 
 
-def team_month_spend(team, *, now: datetime) -> float:
-    """What TEAM's jobs cost this calendar month (team time zone), as the monthly limit
-    counts it."""
+def team_month_spend(team, *, now: datetime) -> JobCost:
+    """What TEAM's jobs cost this calendar month (team time zone), by the one cost rule:
+    each attempt recorded or invoiced as its job's cost counts it (``billing.cost_in_time``).
+    The monthly limit counts the recorded figure (``billing.services``)."""
     start, end = period_bounds("month", now, team.time_zone or "UTC")
-    attempts = Attempt.objects.filter(job__team=team).exclude(rented_at=None)
-    return spend_between(attempts, start, end, now=now).total
+    return team_cost_between(team, start, end, now=now)
