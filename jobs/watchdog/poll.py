@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from django.db.models import DateTimeField, F, Value
 from django.db.models.functions import Coalesce
+from django.utils import timezone
 
 from hosts.vast import Instance, VastClient, VastError
 from jobs import attention
@@ -40,7 +41,10 @@ def poll_providers(now: datetime) -> list[Loss]:
         try:
             with VastClient(key, url) as client:
                 instances = client.list_instances()
-                found += reconcile_account(client, attempts, instances, now)
+                # When the answer came, not the tick's start: a first `running` read is when
+                # billing.spend starts the GPU, and it must not come before the switch.
+                read_at = timezone.now()
+                found += reconcile_account(client, attempts, instances, now, read_at=read_at)
         except VastError as exc:
             logger.warning("provider poll of %s failed: %s", url, exc)
             errors.append(f"{url}: {exc}")
@@ -95,17 +99,25 @@ def account_of(team) -> tuple[str, str]:
 
 
 def reconcile_account(
-    client: VastClient, attempts: list[Attempt], instances: list[Instance], now: datetime
+    client: VastClient,
+    attempts: list[Attempt],
+    instances: list[Instance],
+    now: datetime,
+    *,
+    read_at: datetime | None = None,
 ) -> list[Loss]:
-    """What one account's instance list says of its live attempts (each attempt its own unit:
-    its error stays with its job), then its orphans reaped."""
+    """What one account's instance list (answered at READ_AT, default NOW) says of its live
+    attempts (each attempt its own unit: its error stays with its job), then its orphans
+    reaped."""
     by_id = {instance.id: instance for instance in instances}
     by_label = {instance.label: instance for instance in instances if instance.label}
     found: list[Loss] = []
     for attempt in attempts:
         what = "read what the provider says of its host"
         with attention.row(job_id=attempt.job_id, what=what, now=now):
-            loss = reconcile_attempt(client, attempt, by_id, by_label, now=now)
+            loss = reconcile_attempt(
+                client, attempt, by_id, by_label, now=now, read_at=read_at or now
+            )
             if loss is not None:
                 found.append(loss)
     owned = {a.instance_id for a in attempts if a.instance_id} | {a.label for a in attempts}
@@ -114,9 +126,16 @@ def reconcile_account(
 
 
 def reconcile_attempt(
-    client: VastClient, attempt: Attempt, by_id: dict, by_label: dict, *, now: datetime
+    client: VastClient,
+    attempt: Attempt,
+    by_id: dict,
+    by_label: dict,
+    *,
+    now: datetime,
+    read_at: datetime | None = None,
 ) -> Loss | None:
-    """ATTEMPT against the provider's view: a create to adopt or settle, or its host's loss."""
+    """ATTEMPT against the provider's view (read at READ_AT, default NOW): a create to adopt
+    or settle, or its host's loss."""
     if attempt.state == AttemptState.REQUESTED:
         adopt_or_close(attempt, by_label.get(attempt.label), now)
         return None
@@ -124,7 +143,7 @@ def reconcile_attempt(
         return None
     instance = by_id.get(attempt.instance_id)
     loss = provider_loss(attempt, instance)
-    note_provider_status(attempt, instance, now=now)
+    note_provider_status(attempt, instance, now=read_at or now)
     if loss is not None and loss.cause == OFFLINE:
         return offline_loss_unless_waiting(attempt, loss, now=now)
     if attempt.offline_since is not None and instance is not None:
@@ -136,10 +155,10 @@ def reconcile_attempt(
 
 
 def note_provider_status(attempt: Attempt, instance: Instance | None, *, now: datetime) -> None:
-    """Keep what the provider last said of ATTEMPT's instance: its status, how many polls in a
-    row it was ``unknown``, its message (the start timeout quotes it), and the moments the poll
-    first read it ``loading`` and ``running`` (``first_reads``: what ``billing.spend`` records
-    GPU time from, and ``billing.image_pull`` reads a pull from)."""
+    """Keep what the provider said of ATTEMPT's instance in the answer read at NOW: its status,
+    how many polls in a row it was ``unknown``, its message (the start timeout quotes it), and
+    the moments the poll first read it ``loading`` and ``running`` (``first_reads``: what
+    ``billing.spend`` records GPU time from, and ``billing.image_pull`` reads a pull from)."""
     status = instance.actual_status if instance else "gone"
     unknown = F("provider_unknown_polls") + 1 if status == "unknown" else 0
     Attempt.objects.filter(pk=attempt.pk).update(
