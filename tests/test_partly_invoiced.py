@@ -134,3 +134,25 @@ def test_the_finance_page_writes_a_live_job_not_billed_yet_and_its_cost_partly_i
     assert "$0.175 invoiced + " in body
     assert "not billed yet" in detail  # attempt 2's components
     assert "-100.0 %" not in detail
+
+
+@pytest.mark.django_db
+def test_the_job_pages_budget_share_is_the_recorded_spend_the_limit_counts(client, cast):
+    job = JobFactory(team=cast.team_a, created_at=START, budget_usd=Decimal("0.500"))
+    attempt, _ = make_attempt(
+        job,
+        state="ended",
+        instance_id=803,
+        dph_base=0.40,
+        rented_at=START,
+        registered_at=START,
+        ended_at=START + timedelta(hours=1),
+    )
+    bill(attempt, ("gpu", "1.000 hours at $0.300/hour", "0.300"), day=START.date())
+    InvoiceSyncFactory(team=cast.team_a, synced_until=NOW)
+    client.force_login(cast.member)
+
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+
+    assert 'id="job-cost">$0.300<' in page  # the invoice
+    assert "80 % used as recorded, which the limit counts" in page  # $0.400 of $0.500

@@ -12,6 +12,7 @@ from billing.cost import JobCost, charges_prefetch, job_cost
 from billing.cost_in_time import team_cost_between
 from billing.periods import period_bounds
 from billing.services import projected_total
+from billing.spend import job_spend
 from jobs import job_status, lifecycle
 from jobs.models import Attempt, Job
 from nomadgpu.humanize import money, percent_of
@@ -50,6 +51,7 @@ class JobRow:
     cost: JobCost  # ``billing.cost.job_cost``: the one cost, its label and breakdown
     projected: float | None
     interruptions: int
+    recorded_usd: float = 0.0  # what the job's own limit counts (``billing.spend``, recorded)
 
     @property
     def live(self) -> bool:
@@ -63,10 +65,11 @@ class JobRow:
 
     @property
     def budget_percent(self) -> int | None:
-        """The job's cost as a whole percentage of its own limit, from the amounts as shown
-        (``humanize.percent_of``); None without a limit."""
+        """What the job's own limit counts, the recorded spend, as a whole percentage of it,
+        from the amounts as shown (``humanize.percent_of``); None without a limit. Not the
+        invoice: the limit paused the job on what was recorded (``billing.enforce``)."""
         budget = self.job.budget_usd
-        return percent_of(self.cost.total, budget) if budget else None
+        return percent_of(self.recorded_usd, budget) if budget else None
 
     @property
     def host(self) -> str:
@@ -98,6 +101,7 @@ def job_row(job: Job, *, now: datetime) -> JobRow:
         cost=cost,
         projected=projected_cost(job, now=now, cost=cost),
         interruptions=interruptions,
+        recorded_usd=job_spend(job, now=now).total if job.budget_usd else 0.0,
     )
 
 
