@@ -27,6 +27,10 @@ wins, in this order (what is measured over what is assumed):
    shorter one, was no pull: the image was on the machine, and nothing is recorded for it.
    The poll reads every ``PROVIDER_POLL_INTERVAL_S`` (10 s), so an image whose half transfer
    is shorter than that may hide its pull; that is a small image, and the invoice tells.
+   Not the rent to the container's start: before ``loading`` Vast schedules the contract
+   (``created``), 1-5 minutes (``sandbox/timing.py`` cites the sources), longer than most
+   pulls, so that span cannot tell a pull from a slow schedule; ``loading`` holds only the
+   pull and the container start.
 4. **No rent decision** (an instance adopted by its label, a row made by hand): no image was
    priced, so no pull is recorded.
 
