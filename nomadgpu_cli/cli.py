@@ -19,7 +19,7 @@ from nomadgpu_cli.errors import (
 )
 from nomadgpu_cli.jobs import cmd_cancel, cmd_status
 from nomadgpu_cli.logs import cmd_logs
-from nomadgpu_cli.submit import cmd_submit
+from nomadgpu_cli.submit import TEMPLATES, cmd_submit
 
 # The exit codes are re-exported: ``main`` returns them, and its callers read them here.
 __all__ = [
@@ -57,7 +57,11 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("submit", help="submit a job file (TOML) or a server template")
     s.add_argument("file", nargs="?")
-    s.add_argument("--template", help="a template of the server instead of a file: toy, qlora")
+    s.add_argument(
+        "--template",
+        metavar="NAME",
+        help=f"{', '.join(TEMPLATES)}: a template of the server instead of a file",
+    )
     s.add_argument("--team", help="team slug (needed when you belong to several)")
     s.add_argument("--follow", "-f", action="store_true", help="show progress and events")
     s.set_defaults(run=cmd_submit)

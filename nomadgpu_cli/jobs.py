@@ -3,31 +3,43 @@
 from __future__ import annotations
 
 import argparse
+from datetime import datetime
 
 from nomadgpu_cli.api import Api
 from nomadgpu_cli.errors import EXIT_OK
-from nomadgpu_cli.render import cost_text, duration, loss, money, progress_bar
+from nomadgpu_cli.render import ACTIVE, cost_text, duration, loss, money, progress_bar
 
 
 def cmd_status(api: Api, args: argparse.Namespace) -> int:
     if args.job is None:
-        jobs = api.get("/jobs/", team=args.team, state=args.state)
+        jobs = api.get("/jobs/", team=args.team, state=args.state)  # newest first
         print(
-            f"{'ID':>5}  {'TEAM':<12} {'NAME':<24} {'STATE':<13} {'STEP':>11} {'ETA':>10} "
-            f"{'COST':>10} {'':<15}  {'GPU':<14} INT"
+            f"{'ID':>5}  {'SUBMITTED':<16}  {'TEAM':<12} {'NAME':<24} {'STATE':<13} "
+            f"{'STEP':>11} {'ETA':>10} {'COST':>10} {'':<15}  {'GPU':<14} INT"
         )
         for j in jobs:
-            step = f"{j['step'] if j['step'] is not None else '-'}/{j['total_steps'] or '?'}"
             print(
-                f"{j['id']:>5}  {j['team'][:12]:<12} {j['name'][:24]:<24} {j['state']:<13} "
-                f"{step:>11} {duration(j['eta_s']):>10} {money(j['cost_usd']):>10} "
-                f"{j['cost_basis']:<15}  "
+                f"{j['id']:>5}  {submitted(j):<16}  {j['team'][:12]:<12} {j['name'][:24]:<24} "
+                f"{j['state']:<13} {step_text(j):>11} {duration(j['eta_s']):>10} "
+                f"{money(j['cost_usd']):>10} {j['cost_basis']:<15}  "
                 f"{j['gpu_name'][:14]:<14} {j['interruptions']}"
             )
         return EXIT_OK
     job = api.get(f"/jobs/{args.job}")
     print_job(job)
     return EXIT_OK
+
+
+def submitted(job: dict) -> str:
+    """When JOB was submitted, in this machine's time zone: ``2026-03-02 14:05``."""
+    return f"{datetime.fromisoformat(job['created_at']).astimezone():%Y-%m-%d %H:%M}"
+
+
+def step_text(job: dict) -> str:
+    """``150/300``; ``waiting`` before the first step (``-`` where none is coming)."""
+    if job["step"] is None:
+        return "waiting" if job["state"] in ACTIVE else "-"
+    return f"{job['step']}/{job['total_steps'] or '?'}"
 
 
 def print_job(job: dict) -> None:

@@ -54,12 +54,25 @@ def money(usd: float | None, none: str = "-") -> str:
     return f"{'-' if amount < 0 and shown else ''}${shown:,.{places}f}"
 
 
+# The server's states that get a host (jobs.models.ACTIVE_STATES): a job in one with no step
+# yet is "waiting for the first step", as the portal says; in any other, no step will come
+# until someone acts.
+ACTIVE = frozenset({"queued", "renting", "starting", "running", "recovering"})
+WAITING = "waiting for the first step"
+
+
 def progress_bar(job: dict, width: int = 30) -> str:
-    """``[#########.........] 150/300  50%  ETA 10 min  running`` (text only: works in logs)."""
+    """``[#########.........] 150/300  50%  ETA 10 min  running`` (text only: works in logs);
+    before the first step, ``[..........] waiting for the first step of 300  starting``."""
     step, total = job.get("step"), job.get("total_steps")
     fraction = job.get("progress")
     filled = round((fraction or 0) * width)
-    counts = f"{step if step is not None else '-'}/{total or '?'}"
+    if step is None:
+        if job["state"] not in ACTIVE:
+            return f"[{'.' * width}] no step reported  {job['state']}"
+        of = f" of {total}" if total else ""
+        return f"[{'.' * width}] {WAITING}{of}  {job['state']}"
+    counts = f"{step}/{total or '?'}"
     percent = f"{fraction * 100:3.0f}%" if fraction is not None else "  ?%"
     eta = f"ETA {duration(job.get('eta_s'))}" if job.get("eta_s") is not None else ""
     bar = "#" * filled + "." * (width - filled)

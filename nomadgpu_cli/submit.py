@@ -12,6 +12,10 @@ from nomadgpu_cli.errors import EXIT_OK, EXIT_REFUSED, CliError
 from nomadgpu_cli.follow import follow_job
 from nomadgpu_cli.workdir import resolve_workdir
 
+# The server's templates (jobs/job_templates.py JOB_TEMPLATES), for `submit --help`: the CLI
+# installs without the server, so it keeps their names; tests/test_cli.py holds the two equal.
+TEMPLATES = ("toy", "qlora-tiny", "qlora")
+
 
 def read_job_file(path: str) -> dict:
     try:

@@ -41,6 +41,7 @@ from nomadgpu.permissions import (
     visible_to,
 )
 from portal.figures.blockers import gpu_count_blocker, interruptible_blocker
+from portal.figures.job_rows import NEWEST_FIRST
 
 
 class PersonalToken(HttpBearer):
@@ -376,7 +377,7 @@ def list_jobs(request: HttpRequest, filters: Query[JobFilters]):
     if filters.state:
         jobs = jobs.filter(state__in=[s.strip() for s in filters.state.split(",")])
     now = timezone.now()
-    return [job_out(job, now=now) for job in jobs.order_by("-created_at")[: filters.limit]]
+    return [job_out(job, now=now) for job in jobs.order_by(*NEWEST_FIRST)[: filters.limit]]
 
 
 @router.get("/{int:job_id}", response=JobDetailOut)

@@ -40,6 +40,8 @@ from nomadgpu.permissions import (
 from nomadgpu.services import set_password_path
 from nomadgpu.storage import StorageError, object_store
 from portal import figures as portal
+from portal.figures.charts import latest_loss
+from portal.figures.job_rows import NEWEST_FIRST, team_job_counts
 from portal.forms import JobForm, spec_to_initial, workdir_field
 from portal.team_secrets import TeamSecretForm, secrets_context
 
@@ -59,8 +61,11 @@ def current_team(request: HttpRequest):
 
 
 def rows_for(team, *, now, limit: int = LIST_LIMIT) -> list[portal.JobRow]:
-    jobs = portal.with_portal_data(Job.objects.filter(team=team))[:limit] if team else []
-    return [portal.job_row(job, now=now) for job in jobs]
+    """TEAM's newest LIMIT jobs as rows, newest first (the id breaks a tie of one moment)."""
+    if team is None:
+        return []
+    jobs = portal.with_portal_data(Job.objects.filter(team=team)).order_by(*NEWEST_FIRST)
+    return [portal.job_row(job, now=now) for job in jobs[:limit]]
 
 
 @login_required
@@ -75,7 +80,7 @@ def dashboard(request):
         "rows": rows,
         "limit": DASHBOARD_JOBS,
         "any_live": any(r.live for r in rows),
-        "live_count": team.jobs.unfinished().count() if team else 0,
+        "counts": team_job_counts(team) if team else None,
         "month_spend": portal.team_month_spend(team, now=now) if team else None,
     }
     return render(request, "nomadgpu/dashboard.html", context)
@@ -288,6 +293,7 @@ def detail_context(request: HttpRequest, job: Job) -> dict:
         "decision": decision,
         "offer_rows": portal.offer_rows(decision),
         "loss_chart": portal.line_chart(portal.loss_series(job), y_format=humanize.loss),
+        "latest_loss": latest_loss(job),
         "spend_chart": portal.line_chart(spend_points, y_format=portal.spend_text),
         "spend_unit": spend_unit,
         "can_cancel": not lifecycle.is_terminal(job.state),

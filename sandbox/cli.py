@@ -1,4 +1,5 @@
-"""Command line: ``serve`` the marketplace, ``inject`` a failure, ``instances`` to look inside.
+"""Command line: ``serve`` the marketplace, ``inject`` a failure, ``instances`` and ``machines``
+to look inside.
 
 Runs without Django (``python -m sandbox ...``); ``manage.py sandbox ...`` is a thin
 wrapper that only supplies the default state directory from the ``SANDBOX_DIR`` setting.
@@ -19,6 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from sandbox import weather
 from sandbox.bids import BidSettings
 from sandbox.engine.faults import INSTANCE_ACTIONS
 from sandbox.image_cache import GUESSED_WIPE_CHANCE
@@ -135,6 +137,14 @@ def build_parser(default_state_dir: Path) -> argparse.ArgumentParser:
         help="each sandbox hour every min_bid moves by up to ±this %% (seeded), within "
         f"0.3-1 * dph_base (default {BidSettings.min_bid_step_pct:g}, 0 under --fast; 0: fixed)",
     )
+    serve.add_argument(
+        "--market-weather",
+        choices=weather.WEATHERS,
+        default=None,
+        help="how rentals fail on their own (sandbox/weather.py): none (nothing fails unasked), "
+        "good, typical or bad (first attempts succeed about 95 / 75 / 40 %%); default: "
+        f"${weather.ENV_VAR}, else none; under --fast only this flag sets it",
+    )
     serve.add_argument("--verbose", action="store_true", help="log every request")
     inject = sub.add_parser("inject", help="inject a failure into a running sandbox")
     inject.add_argument("action", choices=(*INSTANCE_ACTIONS, *GLOBAL_ACTIONS))
@@ -145,6 +155,10 @@ def build_parser(default_state_dir: Path) -> argparse.ArgumentParser:
     inject.add_argument("--url", default=os.environ.get("SANDBOX_URL", DEFAULT_URL))
     show = sub.add_parser("instances", help="print every instance's sandbox-side state as JSON")
     show.add_argument("--url", default=os.environ.get("SANDBOX_URL", DEFAULT_URL))
+    machines = sub.add_parser(
+        "machines", help="print every machine's hidden traits in the market weather, as JSON"
+    )
+    machines.add_argument("--url", default=os.environ.get("SANDBOX_URL", DEFAULT_URL))
     return parser
 
 
@@ -156,22 +170,29 @@ def main(argv: list[str] | None = None, default_state_dir: Path | None = None) -
         return serve(args)
     if args.command == "inject":
         return inject(args)
+    if args.command == "machines":
+        return _print(_call(args.url, "GET", "/sandbox/machines"))
     return _print(_call(args.url, "GET", "/sandbox/instances"))
 
 
 def serve(args: argparse.Namespace) -> int:
     from sandbox.server import App, Options
 
+    try:
+        market_weather = chosen_weather(args)
+    except ValueError as exc:
+        print(f"sandbox serve: {exc} (set by ${weather.ENV_VAR})", file=sys.stderr)
+        return 2
     timing = Timing.fast(args.seed) if args.fast else Timing(seed=args.seed)
     if args.time_scale is not None:
         timing = dataclasses.replace(timing, scale=args.time_scale)
+    fixed = timing.scheduling_fixed_s if market_weather == weather.NONE else None
     timing = dataclasses.replace(
         timing,
         host_return_p=args.host_return_p,
         host_return_mean_s=args.host_return_mean_s,
-        scheduling_fixed_s=timing.scheduling_fixed_s
-        if args.scheduling_s is None
-        else args.scheduling_s,
+        # --scheduling-s wins; else --fast's flat 3 s, unless a weather draws the start.
+        scheduling_fixed_s=fixed if args.scheduling_s is None else args.scheduling_s,
         byte_scale=args.byte_scale,
         image_sizes=tuple(args.image_size),
     )
@@ -189,6 +210,7 @@ def serve(args: argparse.Namespace) -> int:
         timing=timing,
         bill_image_pull=not args.free_image_pull,
         image_wipe_chance=image_wipe_chance(args),
+        market_weather=market_weather,
         verbose=args.verbose,
     )
     # SIGTERM ends serve_forever like Ctrl-C does, so instances are shut down cleanly.
@@ -210,6 +232,17 @@ def bid_settings(args: argparse.Namespace) -> BidSettings:
         hold_h=args.outbid_hold_h,
         min_bid_step_pct=default.min_bid_step_pct if step is None else step,
     )
+
+
+def chosen_weather(args: argparse.Namespace) -> str:
+    """The market weather: ``--market-weather``, else ``$SANDBOX_MARKET_WEATHER`` (how the
+    Procfile sets it), else ``none``. Under ``--fast`` (every test sandbox) only the flag sets
+    it, so a variable left in a shell never makes a test's rentals fail."""
+    if args.market_weather is not None:
+        return args.market_weather
+    if args.fast:
+        return weather.NONE
+    return weather.weather_of(os.environ.get(weather.ENV_VAR))
 
 
 def image_wipe_chance(args: argparse.Namespace) -> float:

@@ -1,6 +1,6 @@
 """The sandbox-only endpoints, under ``/sandbox/`` and with no key (a local test bed): health,
-the instances' sandbox-side state, failure injection, top-ups, and the metered download and
-upload an instance's "transfers" go through.
+the instances' sandbox-side state, the machines' hidden traits (market weather), failure
+injection, top-ups, and the metered download and upload an instance's "transfers" go through.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ def health(app: App, req: Request) -> Reply:
                 "min_bid_step_pct": o.bids.min_bid_step_pct,
             },
             "relaxed_rate_limits": o.relaxed_rate_limits,
+            "market_weather": o.market_weather,
             "offers": len(app.market.offers),
         }
     )
@@ -46,6 +47,13 @@ def health(app: App, req: Request) -> Reply:
 def sandbox_instances(app: App, req: Request) -> Reply:
     ids = [r["id"] for r in app.store.rows("SELECT id FROM instances ORDER BY id")]
     return ok({"instances": [app.engine.debug_view(i) for i in ids]})
+
+
+@route(ROUTES, "GET", "/sandbox/machines", "sandbox_machines", "sandbox")
+def sandbox_machines(app: App, req: Request) -> Reply:
+    """Every machine's hidden traits in this market weather (``weather.py``): for an operator,
+    never served through the Vast API."""
+    return ok(app.engine.machines_view())
 
 
 @route(ROUTES, "GET", r"/sandbox/instances/(?P<id>\d+)", "sandbox_instance", "sandbox")

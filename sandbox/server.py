@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from sandbox import billing, sandbox_api, traffic, vast_api
+from sandbox import billing, sandbox_api, traffic, vast_api, weather
 from sandbox.bids import BidMarket, BidSettings
 from sandbox.engine import Engine
 from sandbox.engine.upkeep import run_ticker
@@ -62,6 +62,7 @@ class Options:
     bids: BidSettings = field(default_factory=BidSettings.off)
     bill_image_pull: bool = True
     image_wipe_chance: float = GUESSED_WIPE_CHANCE
+    market_weather: str = weather.NONE
     verbose: bool = False
 
 
@@ -88,6 +89,7 @@ class App:
             options.bill_image_pull,
             bids=self.bids,
             wipe_chance=options.image_wipe_chance,
+            market_weather=options.market_weather,
         )
         self.limiter = RateLimiter(
             enabled=not options.relaxed_rate_limits, scaled=options.timing.rate_interval

@@ -143,6 +143,19 @@ ADDED_COLUMNS = (
     # A rebooted host's return (``reboot-host``): when, and how many times it went offline.
     ("instances", "returns_at", "REAL"),
     ("instances", "host_spells", "INTEGER NOT NULL DEFAULT 0"),
+    # Market weather (``weather.py``, ``engine/weather_fates.py``): the rental's fate as JSON
+    # ('' in weather `none`), the moment a drawn loss befalls it and which, and the real
+    # seconds of pulling and downloading it has been through.
+    ("instances", "fate", "TEXT NOT NULL DEFAULT ''"),
+    ("instances", "fate_at", "REAL"),
+    ("instances", "fate_what", "TEXT NOT NULL DEFAULT ''"),
+    ("instances", "load_exposure_s", "REAL NOT NULL DEFAULT 0"),
+    # The pull under way: when it started and when its last byte is in (the container start
+    # follows), for the progress status_msg shows and the bytes a pull cut short bills.
+    ("instances", "load_started", "REAL"),
+    ("instances", "pull_until", "REAL"),
+    # A lost host's offer is back on the market then (NULL: never, an injected `destroy`).
+    ("gone_asks", "back_at", "REAL"),
 )
 
 

@@ -89,7 +89,12 @@ class Timing:
         draw = random.Random(f"{self.seed or 0}:{instance_id}:scheduling").triangular(
             low, high, mode
         )
-        seconds = draw * self.scale
+        return self.drawn(draw)
+
+    def drawn(self, real_s: float) -> float:
+        """A phase drawn elsewhere (real seconds: the scheduling above, the market weather's)
+        in wall seconds: scaled and clamped like every phase, with no jitter of its own."""
+        seconds = real_s * self.scale
         if self.cap_s is not None:
             seconds = min(seconds, self.cap_s)
         return max(seconds, self.floor_s)

@@ -1,7 +1,8 @@
 """Metered traffic: what an instance downloads and uploads, like the host's NIC counter.
 
 Three ways bytes reach the meter, all throttled to the offer's ``inet_down`` / ``inet_up``
-(Mbit/s, divided by the timing scale):
+(Mbit/s, divided by the timing scale; a download gets the machine's share of ``inet_down`` under
+a market weather, ``weather.py``):
 
 * ``GET /sandbox/download/{id}?bytes=N`` streams N bytes to the instance (a simulated image
   or model download);
@@ -25,7 +26,6 @@ import base64
 import binascii
 import contextlib
 import http.client
-import json
 import os
 import selectors
 import socket
@@ -130,12 +130,9 @@ class Throttle:
 
 
 def _link(engine: Engine, inst: dict, direction: str) -> Throttle:
-    offer = json.loads(inst["offer"])
-    return Throttle(
-        engine.timing.bytes_per_s(
-            float(offer.get("inet_down" if direction == "down" else "inet_up", 100.0))
-        )
-    )
+    """The instance's link in DIRECTION: what the offer advertises, less the share the market
+    weather's machine traits take from a download (``engine.link_mbps``)."""
+    return Throttle(engine.timing.bytes_per_s(engine.link_mbps(inst, direction)))
 
 
 def _live(engine: Engine, inst_id: int) -> dict | None:

@@ -70,7 +70,8 @@ def instance_json(engine: Engine, inst: dict, now: float) -> dict[str, Any]:
         "intended_status": inst["intended"],
         "cur_state": _cur_state(inst),
         "next_state": inst["intended"],
-        "status_msg": inst["status_msg"] or None,
+        # While an image loads: Docker's pull progress, as Vast relays it (weather_fates.py).
+        "status_msg": inst["status_msg"] or engine.loading_msg(inst, now) or None,
         "label": inst["label"],
         "image_uuid": config["image"],
         "image_args": config.get("args") or [],

@@ -1,4 +1,9 @@
-"""Geometry of the daily interruptions bar chart, drawn as inline SVG by the page template."""
+"""Geometry of the daily interruptions bar chart, drawn as inline SVG by the page template.
+
+The SVG holds only the plot (bars, baseline, the peak's dashed line) and stretches to its box
+(``preserveAspectRatio="none"``), so the chart fits a phone's width with every day in view,
+today's at the right edge; its labels (the peak, the dates) are HTML beside it, so they keep
+their size instead of shrinking with the drawing."""
 
 from __future__ import annotations
 
@@ -6,8 +11,8 @@ from dataclasses import dataclass
 
 from statuspage.stats import DayCount
 
-WIDTH, HEIGHT = 720, 180  # the SVG viewBox; the SVG scales to its container
-LEFT, RIGHT, TOP, BOTTOM = 32, 8, 10, 26  # room for the y labels and the date labels
+WIDTH, HEIGHT = 720, 150  # the SVG viewBox; the SVG stretches to its container
+LEFT, RIGHT, TOP, BOTTOM = 0, 0, 2, 1  # the labels are HTML outside the drawing
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,12 @@ def test_pip_install_of_the_checkout_gives_a_nomadgpu_command_with_its_two_depen
     assert helped.returncode == 0, helped.stderr
     assert helped.stdout.startswith("usage: nomadgpu")
     assert "{submit,status,logs,cancel,drill}" in helped.stdout
+    # The README's `python -m nomadgpu_cli`, away from the checkout: the installed package.
+    as_module = run(
+        python, "-m", "nomadgpu_cli", "--help", cwd=tmp_path, env=clean_env(), timeout=60
+    )
+    assert as_module.returncode == 0, as_module.stderr
+    assert as_module.stdout == helped.stdout
 
     inside = (
         "import importlib.metadata as m, importlib.util, json\n"

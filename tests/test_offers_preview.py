@@ -117,13 +117,21 @@ def test_the_rendered_row_prints_each_column_by_the_money_rule(member_client, on
 
     html = response.content.decode()
     row = response.context["preview"].rows[0]
+    head = re.search(r'<table class="offers">.*?<thead>(.*?)</thead>', html, re.S).group(1)
+    names = re.findall(r"<th[^>]*>(.*?)</th>", head, re.S)
     chosen = re.search(r'<tr class="chosen">(.*?)</tr>', html, re.S).group(1)
-    cells = re.findall(r"<td[^>]*>(.*?)</td>", chosen, re.S)
-    amounts = [row.gpu_usd, row.startup_usd, row.storage_usd, row.download_usd, row.upload_usd]
-    expected = [money(v) for v in (*amounts, row.interruptions_usd)]
-    assert cells[3] == money(row.usd_per_hour, per_hour=True)
-    assert cells[8:14] == expected
-    assert re.sub(r"</?strong>", "", cells[14]) == money(row.total_usd)
+    cells = dict(zip(names, re.findall(r"<td[^>]*>(.*?)</td>", chosen, re.S), strict=True))
+    amounts = {
+        "GPU $": row.gpu_usd,
+        "Start-up $": row.startup_usd,
+        "Storage $": row.storage_usd,
+        "Download $": row.download_usd,
+        "Upload $": row.upload_usd,
+        "Interruptions $": row.interruptions_usd,
+    }
+    assert cells["$/h"] == money(row.usd_per_hour, per_hour=True)
+    assert {name: cells[name] for name in amounts} == {k: money(v) for k, v in amounts.items()}
+    assert re.sub(r"</?strong>", "", cells["Total $"]) == money(row.total_usd)
 
 
 def test_the_job_pages_offers_and_rental_tables_print_one_price_at_one_precision(

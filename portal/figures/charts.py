@@ -8,7 +8,7 @@ from datetime import datetime
 
 from billing.cost import JobCost
 from billing.cost_in_time import cost_series
-from jobs.models import Job
+from jobs.models import Job, loss_sample_every
 from nomadgpu.humanize import money
 
 
@@ -66,6 +66,29 @@ def spend_text(usd: float) -> str:
 def loss_series(job: Job) -> list[tuple[float, float]]:
     """(step, loss) from the sampled loss points."""
     return [(float(s), float(v)) for s, v in job.loss_points.values_list("step", "loss")]
+
+
+@dataclass(frozen=True)
+class LatestLoss:
+    """The newest loss a host reported, as the progress line shows it."""
+
+    step: int
+    loss: float
+    sample_every: int  # steps between two of the chart's samples (``loss_sample_every``)
+
+
+def latest_loss(job: Job) -> LatestLoss | None:
+    """The newest attempt's reported loss and its step (attempts prefetched), None before any.
+
+    The loss card shows it while the chart has under two samples: the chart keeps one loss
+    per ``loss_sample_every`` steps, while the progress line shows every beat's, so for the
+    first steps a loss is known before there is a line to draw."""
+    attempts = sorted(job.attempts.all(), key=lambda a: a.number, reverse=True)
+    found = next((a for a in attempts if a.loss is not None and a.step is not None), None)
+    if found is None:
+        return None
+    every = loss_sample_every(found.total_steps or job.total_steps)
+    return LatestLoss(step=found.step, loss=found.loss, sample_every=every)
 
 
 def spend_series(

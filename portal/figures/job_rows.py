@@ -1,12 +1,13 @@
 """A row of the job list: the job's progress, its one cost, its projection and interruptions;
-and what the team's jobs cost this month."""
+the order of every job list; the team's jobs counted by what they are doing; and what the
+team's jobs cost this month."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Count, Prefetch, QuerySet
+from django.db.models import Count, Prefetch, Q, QuerySet
 
 from billing.cost import JobCost, charges_prefetch, job_cost
 from billing.cost_in_time import team_cost_between
@@ -14,8 +15,12 @@ from billing.periods import period_bounds
 from billing.services import projected_total
 from billing.spend import job_spend
 from jobs import job_status, lifecycle
-from jobs.models import Attempt, Job
+from jobs.models import ACTIVE_STATES, Attempt, Job, JobState
 from nomadgpu.humanize import money, percent_of
+
+# Every job list (dashboard, jobs page, team page, member API, so the CLI's too) is newest
+# first; two jobs submitted in one moment come by id, so a list never reorders between polls.
+NEWEST_FIRST = ("-created_at", "-id")
 
 
 def with_portal_data(jobs: QuerySet[Job]) -> QuerySet[Job]:
@@ -57,6 +62,12 @@ class JobRow:
     def live(self) -> bool:
         """Still changing: worth polling."""
         return not lifecycle.is_terminal(self.job.state)
+
+    @property
+    def waiting_for_first_step(self) -> bool:
+        """Queued to recovering, no step reported yet: the pages say "waiting for the first
+        step" (the CLI too) rather than a step count they do not have."""
+        return self.progress.step is None and self.job.state in ACTIVE_STATES
 
     @property
     def projected_text(self) -> str:
@@ -111,3 +122,23 @@ def team_month_spend(team, *, now: datetime) -> JobCost:
     The monthly limit counts the recorded figure (``billing.services``)."""
     start, end = period_bounds("month", now, team.time_zone or "UTC")
     return team_cost_between(team, start, end, now=now)
+
+
+@dataclass(frozen=True)
+class JobCounts:
+    """The team's unfinished jobs by what they are doing."""
+
+    live: int  # holding or getting a host, queued included (``Job.objects.active()``)
+    paused: int  # paused by a spending limit: no host until someone resumes it
+    needs_attention: int  # stopped until a person fixes the job itself
+
+
+def team_job_counts(team) -> JobCounts:
+    """TEAM's jobs counted for the dashboard, in one query. A paused job is not live: it holds
+    no host and gets none until resumed, so it is counted apart, as is one needing a person."""
+    counts = team.jobs.aggregate(
+        live=Count("pk", filter=Q(state__in=ACTIVE_STATES)),
+        paused=Count("pk", filter=Q(state=JobState.PAUSED_BUDGET)),
+        needs_attention=Count("pk", filter=Q(state=JobState.NEEDS_ATTENTION)),
+    )
+    return JobCounts(**counts)

@@ -17,6 +17,8 @@ its own file. The state that does separate already lives in collaborators: the b
 - ``images``: where the image comes from (pulled, cached on the machine, wiped); a pull's bill.
 - ``renter_actions``: the renter's destroy, stop, start, label and reboot.
 - ``outbids``: when a bid loses its machine and when it wins it back; change bid; the bid tick.
+- ``weather_fates``: the market weather played out: fates drawn at create, the real link, a
+  rental that never runs, hosts lost while loading, downloading or running; loading progress.
 - ``faults``: failure injection, and the faults of one container or contract.
 - ``host_outages``: hosts cut off, gone or rebooting, and back; destroys queued for them.
 - ``upkeep``: the ticker, credit and contract ends, restart and shutdown.
@@ -34,9 +36,19 @@ from sandbox.engine.outbids import Outbids
 from sandbox.engine.phases import Phases
 from sandbox.engine.renter_actions import RenterActions
 from sandbox.engine.upkeep import Upkeep
+from sandbox.engine.weather_fates import WeatherFates
 
 
 class Engine(
-    Create, Phases, Images, RenterActions, Outbids, Faults, HostOutages, Upkeep, DebugView
+    Create,
+    Phases,
+    Images,
+    WeatherFates,
+    RenterActions,
+    Outbids,
+    Faults,
+    HostOutages,
+    Upkeep,
+    DebugView,
 ):
     """All instance state transitions. Thread-safe: each one is a store transaction."""

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sandbox import image_cache
+from sandbox import image_cache, weather
 from sandbox.bids import BidMarket, BidSettings
 from sandbox.engine import usage
 from sandbox.market import Market
@@ -47,9 +47,12 @@ class EngineCore:
         clock: Callable[[], float] = time.time,
         bids: BidMarket | None = None,
         wipe_chance: float = image_cache.GUESSED_WIPE_CHANCE,
+        market_weather: str = weather.NONE,
     ) -> None:
         self.store, self.market, self.timing, self.clock = store, market, timing, clock
         self.wipe_chance = wipe_chance  # a host wiped a machine's image between rentals
+        self.weather = market_weather  # how rentals fail on their own (weather.py)
+        self._traits: dict[int, weather.Traits] = {}  # by ask id (weather_fates.py)
         self.state_dir = state_dir
         self.bill_image_pull = bill_image_pull
         self.bids = bids or BidMarket(
@@ -76,7 +79,21 @@ class EngineCore:
         return {r["ask_id"] for r in rows}
 
     def gone_asks(self) -> set[int]:
-        return {r["ask_id"] for r in self.store.rows("SELECT ask_id FROM gone_asks")}
+        """Asks off the market: for good (an injected ``destroy``), or until a host lost to
+        the market weather is back (``back_at``)."""
+        rows = self.store.rows(
+            "SELECT ask_id FROM gone_asks WHERE back_at IS NULL OR back_at > ?", (self.clock(),)
+        )
+        return {r["ask_id"] for r in rows}
+
+    def mark_gone(self, ask_id: int, now: float, back_at: float | None = None) -> None:
+        """ASK_ID leaves the market, for good (BACK_AT None) or until BACK_AT; a later "for
+        good" wins over a return that was due."""
+        self.store.run(
+            "INSERT INTO gone_asks (ask_id, at, back_at) VALUES (?, ?, ?)"
+            " ON CONFLICT (ask_id) DO UPDATE SET at = excluded.at, back_at = excluded.back_at",
+            (ask_id, now, back_at),
+        )
 
     def scratch(self, instance_id: int) -> Path:
         return self.state_dir / "instances" / str(instance_id)

@@ -106,6 +106,7 @@ class Create(EngineCore):
 
     def _initial_status(self, inst_id: int, offer: dict, config: dict, now: float) -> dict:
         log_event(self.store, inst_id, now, "created", f"ask {offer['id']}")
+        self._draw_fate(inst_id, offer)  # weather_fates.py: none in weather `none`
         if config["target_state"] == "stopped":
             return self._update(inst_id, now, status="stopped", intended="stopped")
         floor = self.bids.floor(int(offer["id"]), now)
@@ -124,7 +125,10 @@ class Create(EngineCore):
                 outbid_resume=1,
                 status_msg="outbid: bid below min_bid",
             )
-        deadline = now + self.timing.scheduling_s(inst_id)
+        fate = self.fate_of(self.get(inst_id))
+        if fate is not None and fate.never_ready == "created":
+            log_event(self.store, inst_id, now, "market weather", "the host never picks it up")
+        deadline = self._created_until(inst_id, fate, now)
         return self._update(inst_id, now, status="created", deadline=deadline)
 
     def _prepare_scratch(self, inst_id: int, offer: dict, config: dict) -> None:

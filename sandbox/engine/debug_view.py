@@ -1,6 +1,7 @@
 """What ``GET /sandbox/instances/{id}`` shows (and every injection answers): an instance as
 the tests and the CLI may want to see it, beyond Vast's fields: its processes, what it used and
-billed, the bid market as it stands for it, and its events.
+billed, the bid market as it stands for it, the market weather's traits and fate, and its
+events; and ``GET /sandbox/machines``, every machine's hidden traits.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ class DebugView(EngineCore):
             },
             "billed": {k: amount for k, (_, amount, _) in costs.items()},
             "events": events,
+            # Sandbox-only: the market weather's traits of the machine and this rental's fate.
+            "weather": self.weather_view(inst, now),
         }
 
     def _bid_view(self, inst: dict, now: float) -> dict | None:
@@ -91,6 +94,38 @@ class DebugView(EngineCore):
             "next_outbid_at_hazard": self.bids.threshold(inst["id"], inst["bid_draws"]),
             "outbids": outbids,
         }
+
+    def weather_view(self, inst: dict, now: float) -> dict | None:
+        """``GET /sandbox/instances/{id}``'s ``weather``: the machine's traits, the rental's
+        fate, the hours of loading and downloading it has had, what comes due and when."""
+        fate = self.fate_of(inst)
+        if fate is None:
+            return None
+        return {
+            "weather": self.weather,
+            "traits": self.traits(inst["ask_id"]).as_dict(),
+            "fate": fate.as_dict(),
+            "load_exposure_h": inst["load_exposure_s"] / 3600,
+            "pull_progress": self.pull_progress(inst, now) if inst["status"] == "loading" else None,
+            "next": inst["fate_what"] or None,
+            "at": inst["fate_at"],
+        }
+
+    def machines_view(self) -> dict:
+        """``GET /sandbox/machines``: every machine's hidden traits in this weather."""
+        machines = []
+        for ask_id, offer in sorted(self.market.offers.items()):
+            machines.append(
+                {
+                    "ask_id": ask_id,
+                    "gpu_name": offer.get("gpu_name"),
+                    "reliability2": offer.get("reliability2", offer.get("reliability")),
+                    "hosting_type": offer.get("hosting_type"),
+                    "inet_down": offer.get("inet_down"),
+                    **self.traits(ask_id).as_dict(),
+                }
+            )
+        return {"weather": self.weather, "seed": self.timing.seed, "machines": machines}
 
 
 def _process_states(pgid: int | None) -> list[dict]:

@@ -40,9 +40,7 @@ class HostOutages(EngineCore):
                 deadline=None,
                 status_msg="host unreachable",
             )
-            self.store.run(
-                "INSERT OR IGNORE INTO gone_asks (ask_id, at) VALUES (?, ?)", (inst["ask_id"], now)
-            )
+            self.mark_gone(inst["ask_id"], now)
         self.processes.kill(pgid)
 
     def _inject_freeze(self, inst: dict, arg: Any) -> None:

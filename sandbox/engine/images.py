@@ -10,27 +10,27 @@ import json
 
 from sandbox import image_cache
 from sandbox.engine.core import EngineCore
-from sandbox.timing import CONTAINER_START_S
+from sandbox.state import log_event
 
 
 class Images(EngineCore):
     """The image: pulled, or found on the machine; the container start."""
 
     def _load(self, inst: dict, now: float) -> dict:
-        """Enter ``loading``: pull the image, or just start the container when the instance
-        (a reboot, a restart) or its machine (an earlier rental's pull) already has it."""
-        offer = json.loads(inst["offer"])
+        """Enter ``loading``: pull the image over the machine's link, or just start the
+        container when the instance (a reboot, a restart) or its machine (an earlier rental's
+        pull) already has it. The market weather's fate may stall the pull or cut it short
+        (``weather_fates._pull_plan``)."""
         if not inst["image_cached"]:
             inst = self._look_for_image_on_machine(inst, now)
-        if inst["image_cached"]:
-            seconds = self.timing.phase(CONTAINER_START_S, inst["id"], "start")
-        else:
-            seconds = self.timing.pull_s(
-                inst["image_bytes"], float(offer.get("inet_down", 100.0)), inst["id"]
+        plan = self._pull_plan(inst, now)
+        loading = self._update(inst["id"], now, **plan)
+        if plan["fate_what"] == "stalled":
+            stall = self.fate_of(loading).stall_at
+            log_event(
+                self.store, inst["id"], now, "market weather", f"the pull stalls at {stall:.0%}"
             )
-        return self._update(
-            inst["id"], now, status="loading", deadline=now + seconds, status_msg=""
-        )
+        return loading
 
     def _look_for_image_on_machine(self, inst: dict, now: float) -> dict:
         """A new instance on a machine that pulled its image for an earlier rental finds it
@@ -56,6 +56,7 @@ class Images(EngineCore):
     def _finish_pull(self, inst: dict, now: float) -> None:
         if inst["image_cached"]:
             return
+        self._pull_done(inst)
         self.store.run("UPDATE instances SET image_cached = 1 WHERE id = ?", (inst["id"],))
         image = json.loads(inst["config"])["image"]
         image_cache.remember_pull(self.store, image_cache.machine_of(inst), image, now)

@@ -19,6 +19,7 @@ class Phases(EngineCore):
         """Advance every instance whose current phase has run out."""
         now = self.clock()
         self._return_hosts(now)
+        self._meet_fates(now)  # weather_fates.py: losses the market weather drew
         due = self.store.rows(
             "SELECT id FROM instances WHERE destroyed_at IS NULL AND host_online = 1"
             " AND deadline IS NOT NULL AND deadline <= ?",
@@ -61,14 +62,20 @@ class Phases(EngineCore):
             runs=inst["runs"] + 1,
             status_msg="",
             bid_clock=now if inst["is_bid"] else None,
+            **self._running_fate(inst, now),
         )
 
     def _env(self, inst: dict, config: dict) -> dict[str, str]:
         host_port = self.url.split("//", 1)[-1]
+        user_env = config["env"]
+        if inst["fate"]:
+            # Under a market weather the toy trains at the machine's s/step: it reads its
+            # slowdown (sim_speed_factor x an injected slow) from this file (weather.py).
+            user_env = {"SANDBOX_SLOW_FILE": str(self.scratch(inst["id"]) / "slow"), **user_env}
         return instance_env(
             instance_id=inst["id"],
             api_key=inst["api_key"],
-            user_env=config["env"],
+            user_env=user_env,
             scratch=self.scratch(inst["id"]),
             sandbox_url=self.url,
             proxy_url=f"http://i{inst['id']}:{inst['api_key']}@{host_port}",

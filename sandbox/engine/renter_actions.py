@@ -31,16 +31,14 @@ class RenterActions(EngineCore):
                 "deadline": None,
             }
             current = self.get(inst["id"])
+            self._bill_cut_pull(current, now)  # the bytes a pull cut short got are billed
             if by == "user" and (current["frozen"] or not current["host_online"]):
                 self._update(inst["id"], now, **fields)
                 pgid = None
             else:
                 _, pgid = self._release(inst["id"], now, **fields)
             if by == "host":
-                self.store.run(
-                    "INSERT OR IGNORE INTO gone_asks (ask_id, at) VALUES (?, ?)",
-                    (inst["ask_id"], now),
-                )
+                self.mark_gone(inst["ask_id"], now)
         self.processes.kill(pgid)
 
     def stop(

@@ -1,5 +1,6 @@
 """The public status page in headless Chromium: it renders, the bar chart is visible and drawn,
-the window switcher works, and a phone-sized screen does not scroll sideways."""
+the window switcher works, and on a 390 px phone the chart shows today's bar and the incident
+history reads as labelled lines, with nothing scrolling sideways."""
 
 from __future__ import annotations
 
@@ -62,12 +63,58 @@ def test_the_status_page_renders_with_its_chart(live_server, public_team, browse
     assert page.get_by_role("link", name="7 days").get_attribute("aria-current") == "page"
 
 
-def test_the_status_page_fits_a_phone_screen(live_server, public_team, browser_page):
+PHONE = {"width": 390, "height": 844}
+
+
+@pytest.mark.parametrize("days", [30, 90])
+def test_on_a_phone_the_chart_shows_every_day_to_todays_bar(
+    live_server, public_team, browser_page, days
+):
     page = browser_page
-    page.set_viewport_size({"width": 375, "height": 740})
-    page.goto(f"{live_server.url}/status/open-lab/?days=90")
+    page.set_viewport_size(PHONE)
+    page.goto(f"{live_server.url}/status/open-lab/?days={days}")
 
     page.locator("#daily-chart").wait_for(state="visible")
-    # The chart keeps a legible minimum width and scrolls inside its own box, not the page.
-    assert page.locator("#daily-chart-wrap").bounding_box()["width"] <= 375
-    assert page.evaluate("document.documentElement.scrollWidth") <= 375
+    bars = page.locator("#daily-chart rect.bar")
+    assert bars.count() == days
+    today = bars.last
+    assert today.locator("title").text_content().startswith(f"{timezone.localdate():%a %d %b %Y}:")
+    boxes = bars.evaluate_all("bs => bs.map(b => b.getBoundingClientRect().toJSON())")
+    for box in (boxes[0], boxes[-1]):  # the oldest day's slot and today's, both on screen
+        assert box["left"] >= 0
+        assert box["right"] <= PHONE["width"]
+    drawn = [b for b in boxes if b["height"] > 0]
+    assert len(drawn) == 4  # the four days with interruptions
+    assert all(b["height"] > 10 for b in drawn)
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+
+
+def test_on_a_phone_each_incident_reads_as_labelled_lines(live_server, public_team, browser_page):
+    page = browser_page
+    page.set_viewport_size(PHONE)
+    page.goto(f"{live_server.url}/status/open-lab/")
+
+    table = page.locator("#incident-table")
+    table.wait_for(state="visible")
+    # Nothing to scroll sideways: the table fits its box and the box fits the screen.
+    assert table.evaluate("t => t.parentElement.scrollWidth <= t.parentElement.clientWidth")
+    assert table.bounding_box()["x"] + table.bounding_box()["width"] <= PHONE["width"]
+    cells = page.locator("tr[id^=incident-] td")
+    assert cells.count() == 5 * 5
+    for i in range(cells.count()):
+        box = cells.nth(i).bounding_box()
+        assert box["x"] >= 0
+        assert box["x"] + box["width"] <= PHONE["width"]
+    first = page.locator("tr[id^=incident-]").first.locator("td")
+    labels = [
+        first.nth(i).evaluate("td => getComputedStyle(td, '::before').content")
+        for i in range(first.count())
+    ]
+    assert labels == [
+        '"Detected (UTC)"',
+        '"Cause"',
+        '"Back on a machine"',
+        '"Running again"',
+        '"Resumed from step"',
+    ]
+    assert "heartbeats stopped" in first.nth(1).inner_text()
