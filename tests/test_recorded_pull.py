@@ -125,3 +125,70 @@ def test_the_poll_keeps_its_first_loading_and_running_reads():
     assert attempt.provider_loading_at == T0 + timedelta(seconds=10)
     assert attempt.provider_running_at == T0 + timedelta(seconds=30)
     assert attempt.provider_status == "running"
+
+
+# --- Docker's own words, relayed in status_msg while the instance loads ----------------------
+
+
+@pytest.mark.parametrize(
+    ("status_msg", "seen"),
+    [
+        ("Status: Image is up to date for pytorch/pytorch:2.4.0", vast.IMAGE_KEPT),
+        ("2.4.0: Pulling from pytorch/pytorch", vast.IMAGE_PULLED),
+        ("0d30c18b26f8: Downloading 1.21GB/3.6GB", vast.IMAGE_PULLED),
+        ("Status: Downloaded newer image for pytorch/pytorch:2.4.0", vast.IMAGE_PULLED),
+        ("0d30c18b26f8: Already exists", None),  # one layer: says nothing of the image
+        ("", None),
+        (None, None),
+    ],
+)
+def test_dockers_words_say_whether_the_image_was_pulled(status_msg, seen):
+    assert vast.image_pull_seen(status_msg) == seen
+
+
+def test_dockers_words_win_over_the_machines_history_and_the_loads_length():
+    # The team never ran the image there, but another renter had: Docker said so.
+    kept = attempt_on(0.0, provider_pull_seen=vast.IMAGE_KEPT)
+    # The team's history said the machine held it, and the load was short: Docker pulled.
+    pulled = attempt_on(
+        0.8,
+        provider_pull_seen=vast.IMAGE_PULLED,
+        provider_loading_at=T0 + timedelta(seconds=60),
+        container_started_at=T0 + timedelta(seconds=62),
+    )
+
+    now = T0 + timedelta(minutes=5)
+    assert image_pull.recorded_pull(kept, now=now) == image_pull.Pull(0, image_pull.SAID_KEPT)
+    assert image_pull.recorded_pull(pulled, now=now) == image_pull.Pull(
+        3 * GB, image_pull.SAID_PULLED
+    )
+
+
+def loading(status_msg: str) -> vast.Instance:
+    return vast.parse_instance(
+        {"id": 9, "actual_status": "loading", "status_msg": status_msg, "machine_id": 77}
+    )
+
+
+def test_the_poll_keeps_dockers_first_words_read_while_loading():
+    attempt = attempt_on(0.8, instance_id=9)
+
+    note_provider_status(attempt, loading("Pulling fs layer"), now=T0)
+    attempt = Attempt.objects.get(pk=attempt.pk)
+    note_provider_status(attempt, loading("Status: Image is up to date for x"), now=T0)
+    attempt = Attempt.objects.get(pk=attempt.pk)
+    running = vast.parse_instance({"id": 9, "actual_status": "running", "status_msg": "x"})
+    note_provider_status(attempt, running, now=T0)
+
+    assert Attempt.objects.get(pk=attempt.pk).provider_pull_seen == vast.IMAGE_PULLED
+
+
+def test_words_read_outside_loading_are_not_about_the_pull():
+    attempt = attempt_on(0.8, instance_id=9)
+    running = vast.parse_instance(
+        {"id": 9, "actual_status": "running", "status_msg": "Downloading 1GB/2GB"}
+    )
+
+    note_provider_status(attempt, running, now=T0)
+
+    assert Attempt.objects.get(pk=attempt.pk).provider_pull_seen == ""

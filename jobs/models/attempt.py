@@ -102,6 +102,9 @@ class Attempt(models.Model):
     # from the former. Each kept from its first read.
     provider_loading_at = models.DateTimeField(null=True, blank=True)
     provider_running_at = models.DateTimeField(null=True, blank=True)
+    # What Docker's words in the status_msg said of the image while it loaded, as the poll
+    # first read them (``hosts.vast.image_pull_seen``): "pulled", "kept", or "" (none read).
+    provider_pull_seen = models.CharField(max_length=8, blank=True)
     # Its host went offline and the watchdog chose to wait for it (``hosts.wait_or_move``):
     # since when, and the seconds of earlier offline spells it waited out (Vast bills neither
     # GPU nor storage while the host is offline, so spend leaves them out).

@@ -18,7 +18,7 @@ from django.db.models import DateTimeField, F, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from hosts.vast import Instance, VastClient, VastError
+from hosts.vast import Instance, VastClient, VastError, image_pull_seen
 from jobs import attention
 from jobs.lifecycle import Loss
 from jobs.models import ON_HOST_STATES, Attempt, AttemptState, parse_label
@@ -158,7 +158,8 @@ def note_provider_status(attempt: Attempt, instance: Instance | None, *, now: da
     """Keep what the provider said of ATTEMPT's instance in the answer read at NOW: its status,
     how many polls in a row it was ``unknown``, its message (the start timeout quotes it), and
     the moments the poll first read it ``loading`` and ``running`` (``first_reads``: what
-    ``billing.spend`` records GPU time from, and ``billing.image_pull`` reads a pull from)."""
+    ``billing.spend`` records GPU time from, and ``billing.image_pull`` reads a pull from), and
+    what Docker's words said of its image while it loaded (``pull_seen``)."""
     status = instance.actual_status if instance else "gone"
     unknown = F("provider_unknown_polls") + 1 if status == "unknown" else 0
     Attempt.objects.filter(pk=attempt.pk).update(
@@ -167,12 +168,22 @@ def note_provider_status(attempt: Attempt, instance: Instance | None, *, now: da
         provider_status_msg=((instance.status_msg or "") if instance else "")[:500],
         contract_ends_at=contract_end(instance),
         **first_reads(status, now),
+        **pull_seen(attempt, instance),
     )
 
 
 # The statuses whose first read is kept, and where: Vast bills the GPU from ``running`` and
 # pulls the image in ``loading`` (docs/vast-api.md §4 and §7).
 FIRST_READ_FIELDS = {"loading": "provider_loading_at", "running": "provider_running_at"}
+
+
+def pull_seen(attempt: Attempt, instance: Instance | None) -> dict:
+    """What Docker's words in a loading INSTANCE's message say of its image
+    (``hosts.vast.image_pull_seen``), kept from the first poll that read them."""
+    if attempt.provider_pull_seen or instance is None or instance.actual_status != "loading":
+        return {}
+    seen = image_pull_seen(instance.status_msg)
+    return {"provider_pull_seen": seen} if seen else {}
 
 
 def first_reads(status: str | None, now: datetime) -> dict:

@@ -82,7 +82,7 @@ def test_a_replacement_goes_to_the_machine_that_already_pulled_the_image(supervi
     assert box.debug(second.instance_id)["image_source"] == "machine"  # no pull this time
     # ... and none is recorded: the poll saw no load as long as a pull (billing.image_pull).
     second.refresh_from_db()
-    assert image_pull.recorded_pull(second, now=timezone.now()).why == image_pull.KEPT
+    assert image_pull.recorded_pull(second, now=timezone.now()).bytes == 0
 
     MembershipFactory(team=supervisor.team, user=supervisor.user, role=Role.MEMBER)
     client.force_login(supervisor.user)
