@@ -129,9 +129,9 @@ class JobWithSpendAdmin(JobAdmin):
 
     @admin.display(description="cost")
     def cost(self, job: Job) -> str:
-        """ "$0.0191 (recorded)" or "$0.0180 (invoiced)"."""
-        cost = job_cost(job, now=timezone.now())
-        return f"{cost.text} ({cost.basis})"
+        """ "$0.0191 (recorded)", "$0.0180 (invoiced)" or "$0.0141 (partly invoiced: $0.0098
+        invoiced + $0.0043 recorded)" (``JobCost.described``)."""
+        return job_cost(job, now=timezone.now()).described
 
     @admin.display(description="projected total")
     def projected_total(self, job: Job) -> str:

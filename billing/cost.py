@@ -1,17 +1,24 @@
 """A job's cost: the one number, label and breakdown every surface shows.
 
-``job_cost`` decides it. The job page (and its budget share) and list, the member API and so
-the CLI, the finished notification, the Job admin and the finance pages all show what it
-returns, written by ``nomadgpu.humanize.money``.
+``job_cost`` decides it. The job page (and its spend chart) and list, the dashboard's month
+(``billing.cost_in_time``), the member API and so the CLI, the finished notification, the Job
+admin and the finance pages all show what it returns, written by ``nomadgpu.humanize.money``.
+Each attempt of the job counts at one of two figures, and the label says which:
 
-- **recorded** until the imported invoice covers the job: what NomadGPU recorded
-  (``billing.spend``: the rates copied at rent, the attempts' own times, the container's
-  byte counters, and the traffic an import has already billed), the figure the spending
-  limits count;
-- **invoiced** once it does (every rented attempt ended before the last import, and Vast
-  billed at least one of them): the sum of the charge items matched to its attempts, GPU
-  (``gpu``), storage (``disk``), download (``bwd``) and upload (``bwu``), as reconciliation
-  compares them. The invoice is the truth.
+- **recorded**: what NomadGPU recorded (``billing.spend``: the rates copied at rent, the
+  moments the poll and the agent saw, the container's byte counters and the image pull where
+  it happened), the figure the spending limits count; no import changes it;
+- **invoiced**: the sum of the charge items matched to the attempt, GPU (``gpu``), storage
+  (``disk``), download (``bwd``) and upload (``bwu``), as reconciliation compares them. The
+  invoice is the truth.
+
+An attempt counts at its invoice once that is complete (``invoiced_attempts``): it ended
+before the last import's reach (``covered_until``) and Vast billed it; once every rented
+attempt of the job ended before that reach and at least one was billed, all of them do (one
+Vast billed nothing costs its $0). The job is then **invoiced**; with some of its attempts
+invoiced and some not yet, **partly invoiced**, and its cost says both parts ("$0.0141:
+$0.0098 invoiced + $0.0043 recorded", ``JobCost.split``); with none, **recorded**. The recorded
+part is always what was recorded for those attempts, so an import never lowers it.
 
 Each part is kept to the micro-dollar (the invoice's items have four decimals), and the
 total is the sum of the parts as kept, so the API's breakdown adds up to its total exactly.
@@ -33,7 +40,7 @@ from billing.models import Charge, InvoiceSync
 from billing.spend import Spend, attempt_spend
 from nomadgpu.humanize import money, money_places, money_value
 
-RECORDED, INVOICED = "recorded", "invoiced"
+RECORDED, INVOICED, PARTLY_INVOICED = "recorded", "invoiced", "partly invoiced"
 PARTS = ("gpu", "storage", "download", "upload")  # the order every breakdown is written in
 PART_OF_ITEM = {"gpu": "gpu", "disk": "storage", "bwd": "download", "bwu": "upload"}
 PART_LABELS = {"gpu": "GPU", "storage": "storage", "download": "download", "upload": "upload"}
@@ -43,16 +50,23 @@ _LOOK_UP = object()  # job_cost's ``covered`` default: read it only when it can 
 
 @dataclass(frozen=True)
 class JobCost:
-    """A job's cost: its parts (dollars, in ``PARTS`` order) and whether they are the
-    invoice's (``INVOICED``) or NomadGPU's record (``RECORDED``)."""
+    """A job's cost: its parts (dollars, in ``PARTS`` order), which figure they are
+    (``RECORDED``, ``INVOICED`` or ``PARTLY_INVOICED``: the module docstring) and, of the
+    total, how much is the invoice's (``invoiced_usd``)."""
 
     basis: str
     parts: tuple[tuple[str, Decimal], ...]
+    invoiced_usd: Decimal = Decimal(0)
 
     @property
     def total(self) -> Decimal:
         """The sum of the parts, exactly."""
         return sum((value for _, value in self.parts), Decimal(0))
+
+    @property
+    def recorded_usd(self) -> Decimal:
+        """Of the total, what counts as recorded (the attempts not invoiced yet)."""
+        return self.total - self.invoiced_usd
 
     @property
     def amount(self) -> float:
@@ -61,12 +75,35 @@ class JobCost:
 
     @property
     def invoiced(self) -> bool:
+        """Whether the whole cost is the invoice's."""
         return self.basis == INVOICED
+
+    @property
+    def partly_invoiced(self) -> bool:
+        return self.basis == PARTLY_INVOICED
 
     @property
     def text(self) -> str:
         """The total by the money rule: "$0.0191"."""
         return money(self.total)
+
+    @property
+    def split(self) -> str:
+        """A partly invoiced cost's two parts, written at the total's precision so that they
+        add up to ``text``: "$0.0098 invoiced + $0.0043 recorded"; "" for any other."""
+        if not self.partly_invoiced:
+            return ""
+        places = money_places(self.total)
+        halves = (("invoiced", self.invoiced_usd), ("recorded", self.recorded_usd))
+        shown = shown_parts(halves, self.total)
+        return " + ".join(f"{money(value, places=places)} {name}" for name, value in shown)
+
+    @property
+    def described(self) -> str:
+        """The total with its label, and a partly invoiced one's parts: "$0.0191 (recorded)",
+        "$0.0141 (partly invoiced: $0.0098 invoiced + $0.0043 recorded)"."""
+        split = f": {self.split}" if self.split else ""
+        return f"{self.text} ({self.basis}{split})"
 
     def breakdown(self) -> list[tuple[str, str]]:
         """(label, amount) per part, written at the total's precision: they add up to
@@ -114,6 +151,10 @@ def _rented(attempts: Iterable) -> list:
     return [a for a in attempts if a.rented_at is not None]
 
 
+def _closed_by(attempt, covered: datetime | None) -> bool:
+    return covered is not None and attempt.ended_at is not None and attempt.ended_at <= covered
+
+
 def _all_ended_and_billed(rented: list) -> bool:
     return (
         bool(rented)
@@ -122,16 +163,26 @@ def _all_ended_and_billed(rented: list) -> bool:
     )
 
 
+def _any_ended_and_billed(rented: list) -> bool:
+    return any(a.ended_at is not None and a.charges.all() for a in rented)
+
+
 def invoice_covers(attempts: Iterable, *, covered: datetime | None) -> bool:
     """Whether a job's cost is the invoice's: it rented, every rented attempt ended before
     COVERED (the last import's reach, ``covered_until``) and Vast billed at least one of
     them. Until then an attempt's charges may still grow (reconciliation's "pending")."""
     rented = _rented(attempts)
-    return (
-        covered is not None
-        and _all_ended_and_billed(rented)
-        and all(a.ended_at <= covered for a in rented)
-    )
+    return _all_ended_and_billed(rented) and all(_closed_by(a, covered) for a in rented)
+
+
+def invoiced_attempts(attempts: Iterable, *, covered: datetime | None) -> list:
+    """Which of a job's ATTEMPTS count at what Vast billed them (module docstring): every
+    rented one once the invoice covers the job, else those that ended before COVERED and
+    were billed (their charges are complete), else none."""
+    rented = _rented(attempts)
+    if invoice_covers(rented, covered=covered):
+        return rented
+    return [a for a in rented if _closed_by(a, covered) and a.charges.all()]
 
 
 def _micro(value) -> Decimal:
@@ -156,20 +207,25 @@ def invoiced_parts(attempts: Iterable) -> tuple[tuple[str, Decimal], ...]:
 
 
 def cost_of(attempts: Iterable, *, now: datetime, covered: datetime | None) -> JobCost:
-    """The cost of a job whose attempts are ATTEMPTS, the invoice reaching COVERED."""
-    attempts = list(attempts)
-    if invoice_covers(attempts, covered=covered):
-        return JobCost(INVOICED, invoiced_parts(attempts))
-    return JobCost(RECORDED, recorded_parts(attempts, now=now))
+    """The cost of a job whose attempts are ATTEMPTS, the invoice reaching COVERED: the
+    invoiced attempts at their charges, the others as recorded up to NOW."""
+    rented = _rented(attempts)
+    billed = invoiced_attempts(rented, covered=covered)
+    billed_ids = {id(a) for a in billed}
+    rest = [a for a in rented if id(a) not in billed_ids]
+    invoiced = invoiced_parts(billed)
+    recorded = recorded_parts(rest, now=now)
+    parts = tuple((name, value + dict(recorded)[name]) for name, value in invoiced)
+    basis = (INVOICED if not rest else PARTLY_INVOICED) if billed else RECORDED
+    return JobCost(basis, parts, invoiced_usd=sum((v for _, v in invoiced), Decimal(0)))
 
 
 def job_cost(job, *, now: datetime | None = None, covered=_LOOK_UP) -> JobCost:
-    """JOB's cost at NOW (default: now; module docstring): recorded, or invoiced once the
-    invoice covers it. Reads ``job.attempts.all()`` and their charges, so a prefetch serves a
-    list; the invoice's reach (COVERED) is looked up only for a job whose attempts all ended
-    billed."""
+    """JOB's cost at NOW (default: now; module docstring). Reads ``job.attempts.all()`` and
+    their charges, so a prefetch serves a list; the invoice's reach (COVERED) is looked up
+    only for a job with an attempt that ended billed."""
     now = now or timezone.now()
     attempts = list(job.attempts.all())
     if covered is _LOOK_UP:
-        covered = covered_until(job.team_id) if _all_ended_and_billed(_rented(attempts)) else None
+        covered = covered_until(job.team_id) if _any_ended_and_billed(_rented(attempts)) else None
     return cost_of(attempts, now=now, covered=covered)

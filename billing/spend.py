@@ -1,36 +1,40 @@
-"""Recorded spend: what NomadGPU believes each attempt has cost, from the offer's rates.
+"""Recorded spend: what NomadGPU recorded each attempt costing, from the offer's rates.
 
 Vast bills (``docs/vast-api.md`` §7): GPU per second while the instance runs, storage per
 second from creation until destroy, traffic per GB each way in any state. The attempt row
-holds the rates copied from the offer at rent time and the byte counters its agent reports, so
-spend is computed, never accrued in place: recomputing it is always safe and a recovery can
-never count an attempt twice (each attempt is its own interval).
+holds the rates copied from the offer at rent time, the moments the poll and the agent saw,
+and the byte counters its agent reports, so spend is computed, never accrued in place:
+recomputing it is always safe and a recovery can never count an attempt twice (each attempt
+is its own interval).
 
 Moments used:
 - storage: ``rented_at`` (create accepted) until ``ended_at`` (loss, cancel or finish: the
   instance is destroyed right after) or NOW;
-- GPU: ``registered_at`` (the container runs the onstart script, so the agent's first call
-  marks the start of ``running``) until the same end. The image pull before it is billed
-  storage only, like Vast's ``loading``;
+- GPU (``gpu_started_at``): from the provider's ``running``, which is when Vast starts billing
+  it: the earliest of the poll's first ``running`` read (``provider_running_at``) and the
+  container's own start report (``container_started_at``: the container runs its onstart in
+  ``running``, and its report carries no poll's lag of up to ``PROVIDER_POLL_INTERVAL_S``).
+  Only where neither was seen (the poll never read it running, an older agent) the agent's
+  first call (``registered_at``) stands in: it comes after the bootstrap, seconds late, which
+  made short attempts look 1-4 % over-billed. The agent's register stays a phase of the
+  recovery anatomy (``jobs.anatomy``). The image pull before ``running`` is billed storage
+  only, like Vast's ``loading``;
 - neither GPU nor storage while the host was offline and a job waited for it (Vast bills
   no GPU and no storage for an offline host's period): ``offline_hours``;
-- traffic, priced per 1024³ bytes each way, is *measured* (``traffic_bytes``): the container's
-  counters (``net_rx_bytes``/``net_tx_bytes``: every byte since the agent started, the training
-  command's downloads included) or the agent's own object counters, whichever is larger (an
-  older agent reports only the latter); plus, downloaded, the image pull as priced at rent (the
-  profile's ``image_gb`` in the attempt's decision), counted from the rent: the pull happens
-  before the agent starts, so no counter sees it. An adopted instance has no estimate.
+- traffic, priced per 1024³ bytes each way (``traffic_bytes``): what the host moved, measured
+  where anything measured it: the container's counters (``net_rx_bytes``/``net_tx_bytes``:
+  every byte since the agent started, the training command's downloads included) or the
+  agent's own object counters, whichever is larger (an older agent reports only the latter);
+  plus, downloaded, the image pull, which no counter sees, recorded only where it happened
+  (``billing.image_pull.recorded_pull``: a machine that never ran the image for the team
+  pulled it whole; one that held it pulled only when the poll saw it load long enough).
 
-The invoice replaces the estimate. Once an import has billed the attempt's traffic
-(``billed_download_usd``/``billed_upload_usd``, copied by ``reconcile.note_billed_traffic``
-with the moment the import covers, ``billed_through``):
-- an attempt that ended by that moment costs exactly what was billed: the invoice holds all
-  of its traffic, so a cached or smaller image than the profile said shows here;
-- a live one (or one that ended after the import) costs the larger of measured and billed: an
-  import covers only what was used before its sync, so it must not lower what was measured
-  since, and what Vast billed that no counter saw still counts.
-Reconciliation compares the measured figure alone (``invoiced=False``): a wrong invoice must
-still show as a difference.
+This is the **recorded** figure, and it is never mixed with the invoice: an import does not
+change it, so what was recorded for an attempt never drops when an invoice arrives. The
+spending limits count it (``billing.services``, ``billing.enforce``: they limit what NomadGPU
+recorded, which it knows at once, not an invoice that comes hours later); reconciliation
+compares it with what Vast billed; a job's cost shows it until the invoice covers an attempt
+(``billing.cost``), and the invoice then, with its own label.
 
 An attempt that was never rented (no ``rented_at``) has cost nothing.
 """
@@ -41,9 +45,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from datetime import datetime
 
-from jobs.rent_decision import RentDecision
-
-GB = 1024**3
+from billing.image_pull import GB, recorded_pull
 
 
 @dataclass(frozen=True)
@@ -73,28 +75,28 @@ def _hours(start: datetime | None, end: datetime) -> float:
     return (end - start).total_seconds() / 3600.0
 
 
-def image_pull_bytes(attempt) -> int:
-    """The image pull as priced when ATTEMPT was rented (0 without a rent decision)."""
-    return int(RentDecision.of(attempt).image_gb * GB)
+def gpu_started_at(attempt) -> datetime | None:
+    """When Vast began billing ATTEMPT's GPU as NomadGPU saw it (module docstring): the
+    earliest of the poll's first ``running`` read and the container's start, else the agent's
+    first call; None while none was seen."""
+    seen = [m for m in (attempt.provider_running_at, attempt.container_started_at) if m]
+    started = min(seen) if seen else attempt.registered_at
+    if started is None or attempt.rented_at is None:
+        return started
+    return max(started, attempt.rented_at)  # a host's clock cannot start it before the rent
 
 
-def traffic_bytes(attempt) -> tuple[int, int]:
-    """Bytes (down, up) ATTEMPT moved as measured, the image pull estimate included."""
-    down = max(attempt.net_rx_bytes, attempt.bytes_down) + image_pull_bytes(attempt)
+def traffic_bytes(attempt, *, now: datetime) -> tuple[int, int]:
+    """Bytes (down, up) ATTEMPT moved as recorded at NOW: the larger counter each way, and
+    downloaded, the image pull where it happened (``billing.image_pull``)."""
+    down = max(attempt.net_rx_bytes, attempt.bytes_down) + recorded_pull(attempt, now=now).bytes
     return down, max(attempt.net_tx_bytes, attempt.bytes_up)
 
 
-def traffic_usd(attempt, *, invoiced: bool = True) -> tuple[float, float]:
-    """Dollars (download, upload) of ATTEMPT's traffic: measured, or with INVOICED what the
-    imported invoice billed, by the rule in the module docstring."""
-    down, up = traffic_bytes(attempt)
-    measured = (attempt.download_usd_per_gb * down / GB, attempt.upload_usd_per_gb * up / GB)
-    if not invoiced or attempt.billed_through is None:
-        return measured
-    billed = (attempt.billed_download_usd or 0.0, attempt.billed_upload_usd or 0.0)
-    if attempt.ended_at is not None and attempt.ended_at <= attempt.billed_through:
-        return billed
-    return max(measured[0], billed[0]), max(measured[1], billed[1])
+def traffic_usd(attempt, *, now: datetime) -> tuple[float, float]:
+    """Dollars (download, upload) of ATTEMPT's recorded traffic at NOW."""
+    down, up = traffic_bytes(attempt, now=now)
+    return attempt.download_usd_per_gb * down / GB, attempt.upload_usd_per_gb * up / GB
 
 
 def offline_hours(attempt, end: datetime) -> float:
@@ -107,15 +109,15 @@ def offline_hours(attempt, end: datetime) -> float:
     return seconds / 3600
 
 
-def attempt_spend(attempt, *, now: datetime, invoiced: bool = True) -> Spend:
-    """What ATTEMPT has cost up to NOW (or up to its end, if it ended before NOW); INVOICED
-    False leaves billed traffic out (reconciliation's recorded side)."""
+def attempt_spend(attempt, *, now: datetime) -> Spend:
+    """What ATTEMPT has cost up to NOW (or up to its end, if it ended before NOW), as
+    recorded."""
     if attempt.rented_at is None:
         return Spend()
     end = min(attempt.ended_at, now) if attempt.ended_at else now
-    download, upload = traffic_usd(attempt, invoiced=invoiced)
+    download, upload = traffic_usd(attempt, now=end)
     offline = offline_hours(attempt, end)
-    gpu_h = max(_hours(attempt.registered_at, end) - offline, 0.0)
+    gpu_h = max(_hours(gpu_started_at(attempt), end) - offline, 0.0)
     storage_h = max(_hours(attempt.rented_at, end) - offline, 0.0)
     return Spend(
         gpu=attempt.dph_base * gpu_h,
@@ -159,9 +161,9 @@ def attempt_spend_between(attempt, lo: datetime, hi: datetime, *, now: datetime)
     share = _overlap_hours(attempt.rented_at, end, lo, hi) / life_h if life_h > 0 else 0.0
     if life_h == 0 and lo <= attempt.rented_at < hi:
         share = 1.0
-    download, upload = traffic_usd(attempt)
+    download, upload = traffic_usd(attempt, now=end)
     return Spend(
-        gpu=attempt.dph_base * _overlap_hours(attempt.registered_at, end, lo, hi),
+        gpu=attempt.dph_base * _overlap_hours(gpu_started_at(attempt), end, lo, hi),
         storage=attempt.storage_usd_per_gb_hour
         * attempt.disk_gb
         * _overlap_hours(attempt.rented_at, end, lo, hi),
@@ -179,9 +181,9 @@ def spend_between(attempts: Iterable, lo: datetime, hi: datetime, *, now: dateti
 
 
 def burn_rate_per_hour(attempt, *, now: datetime) -> float:
-    """Dollars per hour ATTEMPT costs while it lives (GPU once registered, storage), traffic
+    """Dollars per hour ATTEMPT costs while it lives (GPU once it runs, storage), traffic
     excluded: it comes in bursts the counters only show afterwards."""
     if attempt.rented_at is None or attempt.ended_at is not None:
         return 0.0
-    gpu = attempt.dph_base if attempt.registered_at is not None else 0.0
+    gpu = attempt.dph_base if gpu_started_at(attempt) is not None else 0.0
     return gpu + attempt.storage_usd_per_gb_hour * attempt.disk_gb

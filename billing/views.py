@@ -180,7 +180,7 @@ def export_row(job, row: reconcile.AttemptReconciliation) -> list[str]:
         f"{row.recorded:.4f}",
         f"{row.billed:.4f}",
         f"{row.diff:.4f}",
-        f"{row.pct:.1f}" if row.pct is not None else "",
+        f"{row.pct:.1f}" if row.pct is not None and not row.pending else "",
         *parts,
         row.reason,
     ]

@@ -15,13 +15,13 @@ def cmd_status(api: Api, args: argparse.Namespace) -> int:
         jobs = api.get("/jobs/", team=args.team, state=args.state)  # newest first
         print(
             f"{'ID':>5}  {'SUBMITTED':<16}  {'TEAM':<12} {'NAME':<24} {'STATE':<13} "
-            f"{'STEP':>11} {'ETA':>10} {'COST':>10} {'':<8}  {'GPU':<14} INT"
+            f"{'STEP':>11} {'ETA':>10} {'COST':>10} {'':<15}  {'GPU':<14} INT"
         )
         for j in jobs:
             print(
                 f"{j['id']:>5}  {submitted(j):<16}  {j['team'][:12]:<12} {j['name'][:24]:<24} "
                 f"{j['state']:<13} {step_text(j):>11} {duration(j['eta_s']):>10} "
-                f"{money(j['cost_usd']):>10} {j['cost_basis']:<8}  "
+                f"{money(j['cost_usd']):>10} {j['cost_basis']:<15}  "
                 f"{j['gpu_name'][:14]:<14} {j['interruptions']}"
             )
         return EXIT_OK

@@ -116,5 +116,8 @@ class Screen:
 
 
 def cost_text(job: dict) -> str:
-    """``$0.0191 (recorded)``: the job's one cost and which it is, as the portal writes it."""
-    return f"{money(job['cost_usd'])} ({job['cost_basis']})"
+    """``$0.0191 (recorded)``: the job's one cost and which it is, as the portal writes it,
+    with a partly invoiced one's parts: ``$0.0141 (partly invoiced: $0.0098 invoiced +
+    $0.0043 recorded)`` (the server's ``JobCost.described``)."""
+    split = job.get("cost_split_text") or ""  # an older server sends none
+    return f"{money(job['cost_usd'])} ({job['cost_basis']}{': ' + split if split else ''})"

@@ -175,6 +175,7 @@ def finished_facts(event: JobEvent, job: Job) -> dict:
         "cost_usd": float(cost.total),
         "cost_basis": cost.basis,
         "cost_text": cost.text,
+        "cost_split": cost.split,
         "reference_name": job.team.reference_name,
         "reference_usd": round(saved.reference_usd, 4),
         "reference_text": money(saved.reference_usd),

@@ -118,11 +118,18 @@ class JobOut(Schema):
     eta_s: float | None = Field(description="seconds left at the latest speed, while running")
     cost_usd: float = Field(
         description="the job's cost as every surface shows it (billing.cost.job_cost): what"
-        " NomadGPU recorded until the imported invoice covers the job, what Vast billed after;"
-        " to the micro-dollar"
+        " NomadGPU recorded for each attempt until the imported invoice covers it, what Vast"
+        " billed after; to the micro-dollar"
     )
-    cost_basis: str = Field(description='"recorded" or "invoiced": which of the two cost_usd is')
+    cost_basis: str = Field(
+        description='"recorded", "invoiced" or "partly invoiced" (some attempts billed, the'
+        " others recorded): which cost_usd is"
+    )
     cost_text: str = Field(description='cost_usd as the portal writes it: "$0.0191"')
+    cost_split_text: str = Field(
+        description="a partly invoiced cost's two parts, adding up to cost_text: \"$0.0098"
+        ' invoiced + $0.0043 recorded"; empty for any other'
+    )
     spend_usd: float = Field(description="the same as cost_usd (kept for older scripts)")
     budget_usd: Decimal | None
     gpu_name: str
@@ -256,6 +263,7 @@ def cost_out(cost: JobCost) -> dict[str, Any]:
         "cost_usd": float(cost.total),
         "cost_basis": cost.basis,
         "cost_text": cost.text,
+        "cost_split_text": cost.split,
         "spend_usd": float(cost.total),
     }
 

@@ -83,7 +83,7 @@ def dashboard(request):
         "limit": DASHBOARD_JOBS,
         "any_live": any(r.live for r in rows),
         "counts": team_job_counts(team) if team else None,
-        "month_spend": portal.team_month_spend(team, now=now) if team else 0.0,
+        "month_spend": portal.team_month_spend(team, now=now) if team else None,
     }
     return render(request, "nomadgpu/dashboard.html", context)
 
@@ -279,7 +279,7 @@ def detail_context(request: HttpRequest, job: Job) -> dict:
     job = portal.with_portal_data(Job.objects.filter(pk=job.pk)).get()
     row = portal.job_row(job, now=now)
     checkpoints = job.checkpoints.ready().select_related("attempt")
-    spend_points, spend_unit = portal.spend_series(job, now=now)
+    spend_points, spend_unit = portal.spend_series(job, now=now, cost=row.cost)
     decision = rent_decision.page_decision(job.attempts.all())
     return {
         "job": job,

@@ -4,8 +4,8 @@ cost, and what the team saved against its reference cloud.
 - **Interruption cost**, per resumed interruption with a known replacement: the steps done
   again at the replacement's s/step and GPU $/h (``jobs.anatomy``'s lost work) plus the
   start-up paid again on the replacement, from its rent to its first training step: GPU
-  from the agent's start (Vast bills ``running``, not the image pull), storage from the rent
-  (``billing.spend``), and the downloads its start-up was priced for (image, model,
+  from the provider's ``running`` (Vast does not bill the image pull as GPU), storage from the
+  rent (``billing.spend``), and the downloads its start-up was priced for (image, model,
   checkpoint; the byte counters carry no times). An interruption whose figures are not known
   (an older agent, a replacement rented before the decision was kept) is not priced, and
   ``priced`` says how many were.

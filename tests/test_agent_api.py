@@ -74,7 +74,8 @@ def test_register_tells_the_agent_what_to_run(client):
 
 
 def test_an_agent_restarted_in_the_same_container_keeps_the_first_registration(client):
-    # billing.spend prices the GPU from registered_at: a second register must not move it.
+    # The recovery anatomy reads registered_at, and billing.spend starts the GPU there where
+    # the poll never saw the instance running: a second register must not move it.
     attempt, token = make_attempt(state="running")
     call(client, token, "register", {"agent_version": "0.1"})
     attempt.refresh_from_db()

@@ -1,10 +1,19 @@
 """Recorded spend per attempt and job, from the offer's rates (billing/spend.py)."""
 
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 import pytest
 
-from billing.spend import GB, Spend, attempt_spend, job_spend, traffic_bytes
+from billing.spend import (
+    GB,
+    Spend,
+    attempt_spend,
+    burn_rate_per_hour,
+    gpu_started_at,
+    job_spend,
+    traffic_bytes,
+)
 from tests.support.factories import JobFactory, TeamFactory, make_attempt
 
 pytestmark = pytest.mark.django_db
@@ -103,7 +112,50 @@ def test_a_recovered_job_counts_each_attempt_once():
     assert spend.as_dict()["total"] == pytest.approx(spend.total)
 
 
-# --- Traffic: every byte the container moved, the image pull, then the invoice ----------------
+# --- GPU from the provider's `running`, the agent's register only where nothing saw it -------
+
+
+def test_the_gpu_is_recorded_from_the_polls_first_running_read_not_the_agents_register():
+    attempt, _ = make_attempt(
+        state="running",
+        rented_at=T0,
+        provider_running_at=T0 + timedelta(minutes=5),  # Vast starts billing the GPU here
+        registered_at=T0 + timedelta(minutes=6),  # after the bootstrap: a minute late
+        **RATES,
+    )
+
+    spend = attempt_spend(attempt, now=T0 + timedelta(minutes=65))
+
+    assert gpu_started_at(attempt) == T0 + timedelta(minutes=5)
+    assert spend.gpu == pytest.approx(0.40 * 1.0)
+
+
+def test_the_containers_own_start_report_beats_a_late_poll():
+    # The poll reads every 10 s: it saw `running` 8 s after the container had started.
+    attempt, _ = make_attempt(
+        rented_at=T0,
+        container_started_at=T0 + timedelta(seconds=60),
+        provider_running_at=T0 + timedelta(seconds=68),
+        registered_at=T0 + timedelta(seconds=75),
+        **RATES,
+    )
+
+    assert gpu_started_at(attempt) == T0 + timedelta(seconds=60)
+
+
+def test_the_agents_register_stands_in_only_where_the_poll_never_saw_it_running():
+    attempt, _ = make_attempt(rented_at=T0, registered_at=T0 + timedelta(minutes=2), **RATES)
+    assert gpu_started_at(attempt) == T0 + timedelta(minutes=2)
+
+    unseen, _ = make_attempt(rented_at=T0, **RATES)
+    assert gpu_started_at(unseen) is None
+    assert attempt_spend(unseen, now=T0 + timedelta(hours=1)).gpu == 0.0
+    assert burn_rate_per_hour(unseen, now=T0 + timedelta(hours=1)) == pytest.approx(
+        0.15 / 720 * 50  # storage only, until something sees it run
+    )
+
+
+# --- Traffic: every byte the container moved and the pull where it happened -----------------
 
 PULL = {"profile": {"image_gb": 3.0}}  # what the selection priced the pull at, kept at rent
 
@@ -132,49 +184,12 @@ def test_the_image_pull_counts_from_the_rent_before_any_counter_reports():
     spend = attempt_spend(attempt, now=T0 + timedelta(seconds=1))
 
     assert spend.download == pytest.approx(3.0 * 0.02)
-    assert traffic_bytes(attempt) == (3 * GB, 0)
+    assert traffic_bytes(attempt, now=T0 + timedelta(seconds=1)) == (3 * GB, 0)
 
 
-def test_the_invoice_replaces_the_estimate_once_it_covers_the_whole_attempt():
-    attempt, _ = make_attempt(
-        state="ended",
-        rented_at=T0,
-        registered_at=T0,
-        ended_at=T0 + timedelta(hours=1),
-        decision=PULL,
-        net_rx_bytes=GB,
-        billed_download_usd=0.05,  # a smaller image than the profile said: 2.5 GB in all
-        billed_upload_usd=0.0,
-        billed_through=T0 + timedelta(hours=2),
-        **RATES,
-    )
-
-    now = T0 + timedelta(hours=3)
-    assert attempt_spend(attempt, now=now).download == pytest.approx(0.05)
-    assert attempt_spend(attempt, now=now, invoiced=False).download == pytest.approx(4 * 0.02)
-
-
-def test_a_live_attempt_counts_the_larger_of_measured_and_billed_so_far():
-    attempt, _ = make_attempt(
-        state="running",
-        rented_at=T0,
-        registered_at=T0,
-        decision=PULL,
-        net_rx_bytes=5 * GB,
-        billed_download_usd=0.07,  # the pull and 0.5 GB, as of an import an hour ago
-        billed_upload_usd=0.30,  # uploads nobody counted (30 GB)
-        billed_through=T0 + timedelta(hours=1),
-        **RATES,
-    )
-
-    spend = attempt_spend(attempt, now=T0 + timedelta(hours=2))
-
-    assert spend.download == pytest.approx((3 + 5) * 0.02)  # measured since: more than billed
-    assert spend.upload == pytest.approx(0.30)
-
-
-def test_an_imported_charges_file_puts_the_billed_traffic_into_the_jobs_spend():
+def test_an_imported_invoice_never_changes_what_was_recorded():
     from billing import invoices, reconcile
+    from billing.cost import INVOICED, job_cost
 
     team = TeamFactory(vast_api_key="own-account")
     job = JobFactory(team=team)
@@ -194,11 +209,15 @@ def test_an_imported_charges_file_puts_the_billed_traffic_into_the_jobs_spend():
         f"{header}\n{row},gpu,1.000 hours at $0.400/hour,0.400\n"
         f"{row},bwd,15.000 GB downloaded at $0.043945/GB,0.659\n"
     )
-
-    invoices.import_csv(team, csv.encode(), now=datetime(2026, 3, 8, tzinfo=UTC))
-
     now = datetime(2026, 3, 8, tzinfo=UTC)
-    assert job_spend(job, now=now).download == pytest.approx(0.659)
+    before = job_spend(job, now=now)
+
+    invoices.import_csv(team, csv.encode(), now=now)
+
+    assert job_spend(job, now=now) == before  # the limits count what was recorded
+    assert before.download == pytest.approx(20 * 0.0439453125)
     download = reconcile.reconcile_attempt(attempt, now=now).components[2]
-    assert download.recorded == pytest.approx(20 * 0.0439453125)  # measured, not the invoice
+    assert download.recorded == pytest.approx(20 * 0.0439453125)
     assert download.billed == pytest.approx(0.659)
+    cost = job_cost(job, now=now)  # the job's cost is the invoice's, with its own label
+    assert (cost.basis, dict(cost.parts)["download"]) == (INVOICED, Decimal("0.659"))

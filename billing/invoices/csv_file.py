@@ -14,7 +14,7 @@ from django.db import transaction
 
 from billing.invoices.store import ChargeRecord, ImportResult, charge_filter, store_charges
 from billing.models import Charge, ChargeOrigin
-from billing.reconcile.matching import match_charges, note_billed_traffic
+from billing.reconcile.matching import match_charges
 from hosts import vast
 
 ITEM_TYPES = ("gpu", "disk", "bwd", "bwu")
@@ -56,7 +56,6 @@ def import_csv(team, data: bytes, *, now: datetime) -> ImportResult:
     with transaction.atomic():
         items = store_charges(team, records, origin=ChargeOrigin.CSV, now=now)
     matched = match_charges(team, now=now)
-    note_billed_traffic(team, now=now)
     return ImportResult(
         days=len({r.day for r in records}),
         charges=len(records),

@@ -15,7 +15,7 @@ from django.db import transaction
 
 from billing.invoices.store import ChargeRecord, ImportResult, charge_filter, store_charges
 from billing.models import InvoiceSync, Payment
-from billing.reconcile.matching import match_charges, note_billed_traffic
+from billing.reconcile.matching import match_charges
 from hosts import vast
 from jobs.models import Attempt
 
@@ -79,8 +79,7 @@ def earliest_day(team, *, now: datetime) -> date:
 
 
 def sync_team(team, *, now: datetime, client: vast.VastClient | None = None) -> ImportResult:
-    """Import TEAM's charges day by day and its payments, then match charges to attempts (and
-    note each attempt's billed traffic, which its spend counts).
+    """Import TEAM's charges day by day and its payments, then match charges to attempts.
 
     Safe to run twice and to resume: every day is upserted on natural keys in one transaction
     with the cursor. Provider calls happen outside transactions. Raises on a provider error
@@ -121,7 +120,6 @@ def sync_team(team, *, now: datetime, client: vast.VastClient | None = None) -> 
         last_run_at=now, synced_until=now, last_error="; ".join(unreadable)[:2000]
     )
     result.matched = match_charges(team, now=now)
-    note_billed_traffic(team, now=now)
     return result
 
 

@@ -1,12 +1,13 @@
 """Reconciliation: what Vast billed against what NomadGPU recorded, and the savings.
 
-"Recorded" is ``billing.spend.attempt_spend`` as measured; "billed" is the sum of the imported
-charges matched to the attempt. They are compared per component (GPU, storage, download,
-upload) and in total, each attempt gets a status, and what stays apart is flagged for finance.
+"Recorded" is ``billing.spend.attempt_spend``, what NomadGPU recorded; "billed" is the sum of
+the imported charges matched to the attempt. They are compared per component (GPU, storage,
+download, upload) and in total, each attempt gets a status, and what stays apart is flagged
+for finance.
 
 One question per file:
 
-- ``matching``: which attempt a charge belongs to; the billed traffic a matched attempt carries.
+- ``matching``: which attempt a charge belongs to.
 - ``tolerance``: when billed is close enough to recorded (``Status``, ``Tolerance``).
 - ``components``: recorded against billed for each component of one attempt.
 - ``attempt``: one attempt's status and the reason for its largest gap.
@@ -33,7 +34,7 @@ from billing.reconcile.attempt import (
 from billing.reconcile.components import COMPONENTS, Component, compare_components
 from billing.reconcile.flags import flag_discrepancies
 from billing.reconcile.job import JobReconciliation, reconcile_job
-from billing.reconcile.matching import match_charges, note_billed_traffic
+from billing.reconcile.matching import match_charges
 from billing.reconcile.period_flags import PeriodTotal, flag_periods
 from billing.reconcile.period_report import (
     PeriodReport,
@@ -67,7 +68,6 @@ __all__ = [
     "machine_and_training_hours",
     "mark_reviewed",
     "match_charges",
-    "note_billed_traffic",
     "period_bounds",
     "reconcile_attempt",
     "reconcile_between",

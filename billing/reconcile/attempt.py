@@ -34,6 +34,11 @@ class AttemptReconciliation(Summed):
     def flagged(self) -> bool:
         return self.status in Status.FLAGGED
 
+    @property
+    def pending(self) -> int:
+        """1 while its invoice is not complete (``Status.PENDING``), else 0."""
+        return int(self.status == Status.PENDING)
+
 
 def attempt_status(
     attempt, components, charges, *, covered: datetime | None, tolerance: Tolerance

@@ -1,9 +1,10 @@
 """Recorded against billed for each billing component of one attempt: GPU, storage, download,
 upload, the charge items ``gpu``, ``disk``, ``bwd``, ``bwu``.
 
-"Recorded" is ``billing.spend.attempt_spend`` as measured (rates copied at rent, the attempt's
-own timestamps, the container's byte counters and the image pull estimate; never the billed
-traffic that spend counts for budgets). "Billed" is the sum of the charge items of the charges
+"Recorded" is ``billing.spend.attempt_spend``, what NomadGPU recorded (rates copied at rent, the
+moments the poll and the agent saw, the container's byte counters and the image pull where it
+happened: the same figure the spending limits count and a job's cost shows until its
+invoice arrives). "Billed" is the sum of the charge items of the charges
 matched to the attempt. Quantities are compared in the unit the invoice uses.
 """
 
@@ -15,7 +16,7 @@ from decimal import Decimal
 
 from billing.models import ChargeItem
 from billing.reconcile.tolerance import Difference, Status, Tolerance, difference_status
-from billing.spend import GB, attempt_spend, traffic_bytes
+from billing.spend import GB, attempt_spend, gpu_started_at, traffic_bytes
 
 COMPONENTS = (  # (name in Spend, charge item type, unit of the quantities)
     ("gpu", "gpu", "h"),
@@ -51,9 +52,9 @@ def recorded_quantities(
     def hours(start):
         return max((end - start).total_seconds() / 3600.0, 0.0) if start else 0.0
 
-    down, up = traffic_bytes(attempt)
+    down, up = traffic_bytes(attempt, now=end)
     return {
-        "gpu": (hours(attempt.registered_at), attempt.dph_base),
+        "gpu": (hours(gpu_started_at(attempt)), attempt.dph_base),
         "storage": recorded_storage(attempt, hours(attempt.rented_at), storage_unit),
         "download": (down / GB, attempt.download_usd_per_gb),
         "upload": (up / GB, attempt.upload_usd_per_gb),
@@ -106,7 +107,7 @@ def compare_components(
     attempt, charges, *, now: datetime, tolerance: Tolerance
 ) -> tuple[Component, ...]:
     """Recorded vs billed for GPU, storage, download and upload of ATTEMPT."""
-    spend = attempt_spend(attempt, now=now, invoiced=False)
+    spend = attempt_spend(attempt, now=now)
     items = billed_items(charges)
     storage = storage_unit(items.get("disk", []))
     quantities = recorded_quantities(attempt, now=now, storage_unit=storage)

@@ -32,6 +32,12 @@ class JobReconciliation(Summed):
         return Status.PENDING if Status.PENDING in statuses else Status.MATCHED
 
     @property
+    def pending(self) -> int:
+        """How many of its attempts are not billed yet (live, or ended after the last
+        import): its difference has no percentage while any is (``templatetags.finance``)."""
+        return sum(1 for a in self.attempts if a.status == Status.PENDING)
+
+    @property
     def reason(self) -> str:
         flagged = [a for a in self.attempts if a.flagged]
         return max(flagged, key=lambda a: abs(a.diff)).reason if flagged else ""

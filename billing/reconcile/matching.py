@@ -1,15 +1,13 @@
-"""Which attempt a charge belongs to (its instance id and time), and the billed traffic each
-matched attempt then carries for spend and the budgets."""
+"""Which attempt a charge belongs to (its instance id and time). What NomadGPU recorded is
+never changed by a charge (``billing.spend``): the job's cost shows the charges themselves
+(``billing.cost``)."""
 
 from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime, time, timedelta
 
-from django.db.models import Sum
-
-from billing.cost import covered_until
-from billing.models import Charge, ChargeItem
+from billing.models import Charge
 from jobs.models import Attempt
 
 logger = logging.getLogger(__name__)
@@ -66,33 +64,3 @@ def match_charges(team, *, now: datetime) -> int:
         except (TypeError, ValueError):  # one odd row stays unmatched; the others go on
             logger.exception("matching charge %s to attempt %s failed", charge.pk, attempt)
     return linked
-
-
-def note_billed_traffic(team, *, now: datetime) -> int:
-    """Copy the traffic billed to each of TEAM's matched attempts onto it, with the moment the
-    import covers, so spend (and the budgets) count the invoice without reading charges.
-    Returns how many attempts changed."""
-    covered = covered_until(team) or now
-    billed: dict[int, dict[str, float]] = {
-        a: {"billed_download_usd": 0.0, "billed_upload_usd": 0.0}
-        for a in Charge.objects.filter(team=team, attempt__isnull=False).values_list(
-            "attempt_id", flat=True
-        )
-    }
-    sums = (
-        ChargeItem.objects.filter(charge__team=team, charge__attempt__isnull=False)
-        .filter(type__in=("bwd", "bwu"))
-        .values_list("charge__attempt_id", "type")
-        .annotate(total=Sum("amount"))
-    )
-    for attempt_id, kind, total in sums:
-        field = "billed_download_usd" if kind == "bwd" else "billed_upload_usd"
-        billed[attempt_id][field] = float(total)
-    changed = 0
-    for attempt_id, amounts in billed.items():
-        changed += (
-            Attempt.objects.filter(pk=attempt_id)
-            .exclude(billed_through=covered, **amounts)
-            .update(billed_through=covered, **amounts)
-        )
-    return changed

@@ -17,7 +17,7 @@ from billing.reconcile.attempt import charges_prefetch
 from billing.reconcile.components import COMPONENTS, Component
 from billing.reconcile.job import JobReconciliation, reconcile_job
 from billing.reconcile.reference import Savings
-from billing.reconcile.tolerance import Difference, Tolerance
+from billing.reconcile.tolerance import Difference, Status, Tolerance
 from jobs.models import Attempt
 
 
@@ -40,6 +40,11 @@ class PeriodReport(Difference):
     @property
     def unmatched_usd(self) -> float:
         return float(sum((c.amount for c in self.unmatched), Decimal(0)))
+
+    @property
+    def pending(self) -> int:
+        """How many of its attempts are not billed yet."""
+        return self.count(Status.PENDING)
 
     def count(self, status: str) -> int:
         return sum(1 for j in self.jobs for a in j.attempts if a.status == status)

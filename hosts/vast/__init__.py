@@ -30,6 +30,8 @@ from hosts.vast.errors import (
     error_for,
 )
 from hosts.vast.parsing import (
+    IMAGE_KEPT,
+    IMAGE_PULLED,
     MIB_PER_GIB,
     Charge,
     ChargeItem,
@@ -44,6 +46,7 @@ from hosts.vast.parsing import (
     build_search_body,
     container_runtime_failed,
     encode_params,
+    image_pull_seen,
     instance_from_show,
     instance_presence,
     parse_charge,
@@ -56,6 +59,8 @@ from hosts.vast.parsing import (
 from hosts.vast.transport import RetryPolicy
 
 __all__ = [
+    "IMAGE_KEPT",
+    "IMAGE_PULLED",
     "MIB_PER_GIB",
     "AuthFailed",
     "BidMismatch",
@@ -84,6 +89,7 @@ __all__ = [
     "container_runtime_failed",
     "encode_params",
     "error_for",
+    "image_pull_seen",
     "instance_from_show",
     "instance_presence",
     "parse_charge",

@@ -37,7 +37,8 @@ def register_agent(
     ages = {"deps_ready": 0.0, **(phases or {})}
     ages.setdefault("container_started", ages["deps_ready"])
     Attempt.objects.filter(pk=attempt.pk, state__in=ON_HOST_STATES).update(
-        # The first registration is when the GPU's billing began (billing.spend): an agent
+        # The first registration (a phase of the recovery anatomy, and the GPU's start in
+        # billing.spend only where the poll never read the instance running): an agent
         # restarted in the same container must not move it.
         registered_at=Coalesce(F("registered_at"), Value(now, output_field=DateTimeField())),
         last_heartbeat_at=now,

@@ -96,6 +96,15 @@ class Attempt(models.Model):
     contract_ends_at = models.DateTimeField(null=True, blank=True)
     move_asked_at = models.DateTimeField(null=True, blank=True)
     provider_unknown_polls = models.PositiveSmallIntegerField(default=0)
+    # The moments the provider poll first read ``loading`` (the image pull and container start)
+    # and ``running`` (Vast bills the GPU from it, docs/vast-api.md §7) for this instance:
+    # ``billing.spend`` records GPU time from the latter and ``billing.image_pull`` reads the pull
+    # from the former. Each kept from its first read.
+    provider_loading_at = models.DateTimeField(null=True, blank=True)
+    provider_running_at = models.DateTimeField(null=True, blank=True)
+    # What Docker's words in the status_msg said of the image while it loaded, as the poll
+    # first read them (``hosts.vast.image_pull_seen``): "pulled", "kept", or "" (none read).
+    provider_pull_seen = models.CharField(max_length=8, blank=True)
     # Its host went offline and the watchdog chose to wait for it (``hosts.wait_or_move``):
     # since when, and the seconds of earlier offline spells it waited out (Vast bills neither
     # GPU nor storage while the host is offline, so spend leaves them out).
@@ -125,11 +134,6 @@ class Attempt(models.Model):
     # training command's downloads): Vast bills every byte, so spend counts the larger total.
     net_rx_bytes = models.PositiveBigIntegerField(default=0)
     net_tx_bytes = models.PositiveBigIntegerField(default=0)
-    # The traffic Vast billed for this instance, as of the last invoice import (null: none yet),
-    # and the moment that import covers (``billing.reconcile.note_billed_traffic``).
-    billed_download_usd = models.FloatField(null=True, blank=True)
-    billed_upload_usd = models.FloatField(null=True, blank=True)
-    billed_through = models.DateTimeField(null=True, blank=True)
     # The start deadline (``jobs.watchdog.start_deadline``): before the agent, when the host must
     # have one (from the image's bytes and the link, pushed by what Vast shows); after register,
     # when the early phase under way stalls if no byte of it moves. With why, in words, and what

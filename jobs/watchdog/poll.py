@@ -14,9 +14,11 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
-from django.db.models import F
+from django.db.models import DateTimeField, F, Value
+from django.db.models.functions import Coalesce
+from django.utils import timezone
 
-from hosts.vast import Instance, VastClient, VastError
+from hosts.vast import Instance, VastClient, VastError, image_pull_seen
 from jobs import attention
 from jobs.lifecycle import Loss
 from jobs.models import ON_HOST_STATES, Attempt, AttemptState, parse_label
@@ -40,7 +42,10 @@ def poll_providers(now: datetime) -> list[Loss]:
         try:
             with VastClient(key, url) as client:
                 instances = client.list_instances()
-                found += reconcile_account(client, attempts, instances, now)
+                # When the answer came, not the tick's start: a first `running` read is when
+                # billing.spend starts the GPU, and it must not come before the switch.
+                read_at = timezone.now()
+                found += reconcile_account(client, attempts, instances, now, read_at=read_at)
         except VastError as exc:
             logger.warning("provider poll of %s failed: %s", url, exc)
             errors.append(f"{url}: {exc}")
@@ -95,17 +100,25 @@ def account_of(team) -> tuple[str, str]:
 
 
 def reconcile_account(
-    client: VastClient, attempts: list[Attempt], instances: list[Instance], now: datetime
+    client: VastClient,
+    attempts: list[Attempt],
+    instances: list[Instance],
+    now: datetime,
+    *,
+    read_at: datetime | None = None,
 ) -> list[Loss]:
-    """What one account's instance list says of its live attempts (each attempt its own unit:
-    its error stays with its job), then its orphans reaped."""
+    """What one account's instance list (answered at READ_AT, default NOW) says of its live
+    attempts (each attempt its own unit: its error stays with its job), then its orphans
+    reaped."""
     by_id = {instance.id: instance for instance in instances}
     by_label = {instance.label: instance for instance in instances if instance.label}
     found: list[Loss] = []
     for attempt in attempts:
         what = "read what the provider says of its host"
         with attention.row(job_id=attempt.job_id, what=what, now=now):
-            loss = reconcile_attempt(client, attempt, by_id, by_label, now=now)
+            loss = reconcile_attempt(
+                client, attempt, by_id, by_label, now=now, read_at=read_at or now
+            )
             if loss is not None:
                 found.append(loss)
     owned = {a.instance_id for a in attempts if a.instance_id} | {a.label for a in attempts}
@@ -114,9 +127,16 @@ def reconcile_account(
 
 
 def reconcile_attempt(
-    client: VastClient, attempt: Attempt, by_id: dict, by_label: dict, *, now: datetime
+    client: VastClient,
+    attempt: Attempt,
+    by_id: dict,
+    by_label: dict,
+    *,
+    now: datetime,
+    read_at: datetime | None = None,
 ) -> Loss | None:
-    """ATTEMPT against the provider's view: a create to adopt or settle, or its host's loss."""
+    """ATTEMPT against the provider's view (read at READ_AT, default NOW): a create to adopt
+    or settle, or its host's loss."""
     if attempt.state == AttemptState.REQUESTED:
         adopt_or_close(attempt, by_label.get(attempt.label), now)
         return None
@@ -124,7 +144,7 @@ def reconcile_attempt(
         return None
     instance = by_id.get(attempt.instance_id)
     loss = provider_loss(attempt, instance)
-    note_provider_status(attempt, instance, now=now)
+    note_provider_status(attempt, instance, now=read_at or now)
     if loss is not None and loss.cause == OFFLINE:
         return offline_loss_unless_waiting(attempt, loss, now=now)
     if attempt.offline_since is not None and instance is not None:
@@ -136,8 +156,11 @@ def reconcile_attempt(
 
 
 def note_provider_status(attempt: Attempt, instance: Instance | None, *, now: datetime) -> None:
-    """Keep what the provider last said of ATTEMPT's instance: its status, how many polls in a
-    row it was ``unknown``, and its message (the start timeout quotes it). Before the agent, a
+    """Keep what the provider said of ATTEMPT's instance in the answer read at NOW: its status,
+    how many polls in a row it was ``unknown``, its message (the start timeout quotes it), and
+    the moments the poll first read it ``loading`` and ``running`` (``first_reads``: what
+    ``billing.spend`` records GPU time from, and ``billing.image_pull`` reads a pull from), and
+    what Docker's words said of its image while it loaded (``pull_seen``). Before the agent, a
     new status or a pull moving pushes the host's start deadline (``start_due``)."""
     status = instance.actual_status if instance else "gone"
     msg = ((instance.status_msg or "") if instance else "")[:500]
@@ -148,7 +171,31 @@ def note_provider_status(attempt: Attempt, instance: Instance | None, *, now: da
         provider_unknown_polls=unknown,
         provider_status_msg=msg,
         contract_ends_at=contract_end(instance),
+        **first_reads(status, now),
+        **pull_seen(attempt, instance),
     )
+
+
+# The statuses whose first read is kept, and where: Vast bills the GPU from ``running`` and
+# pulls the image in ``loading`` (docs/vast-api.md §4 and §7).
+FIRST_READ_FIELDS = {"loading": "provider_loading_at", "running": "provider_running_at"}
+
+
+def pull_seen(attempt: Attempt, instance: Instance | None) -> dict:
+    """What Docker's words in a loading INSTANCE's message say of its image
+    (``hosts.vast.image_pull_seen``), kept from the first poll that read them."""
+    if attempt.provider_pull_seen or instance is None or instance.actual_status != "loading":
+        return {}
+    seen = image_pull_seen(instance.status_msg)
+    return {"provider_pull_seen": seen} if seen else {}
+
+
+def first_reads(status: str | None, now: datetime) -> dict:
+    """UPDATE expressions keeping NOW as the first read of STATUS, unless one is kept already."""
+    field = FIRST_READ_FIELDS.get(status or "")
+    if field is None:
+        return {}
+    return {field: Coalesce(F(field), Value(now, output_field=DateTimeField()))}
 
 
 def reap_orphans(client: VastClient, instances: list[Instance], owned: set, now: datetime) -> None:

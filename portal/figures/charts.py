@@ -6,7 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from billing.spend import attempt_spend
+from billing.cost import JobCost
+from billing.cost_in_time import cost_series
 from jobs.models import Job, loss_sample_every
 from nomadgpu.humanize import money
 
@@ -91,17 +92,17 @@ def latest_loss(job: Job) -> LatestLoss | None:
 
 
 def spend_series(
-    job: Job, *, now: datetime, points: int = 40
+    job: Job, *, now: datetime, cost: JobCost, points: int = 40
 ) -> tuple[list[tuple[float, float]], str]:
-    """((time since submit, dollars) at POINTS moments from submit to now or the finish, unit).
+    """((time since submit, dollars) at POINTS moments from submit to now or the finish, unit):
+    the job's cost so far at each moment by the one cost rule (``billing.cost_in_time``),
+    ending at COST, the job's cost (``billing.cost.job_cost``) that the page states.
 
     The unit (s, min or h) keeps the axis readable for a one-minute toy and a day-long run.
-    Time-billed parts grow with time; traffic counters carry no times, so each attempt's
-    traffic is counted from its rent on (a slight overstatement early in an attempt).
     """
-    attempts = list(job.attempts.all())
     start = job.created_at
-    end = min(job.finished_at or now, now)
+    ends = [a.ended_at for a in job.attempts.all() if a.ended_at]
+    end = min(max([job.finished_at or now, *ends]), now)
     if end <= start:
         return [], "s"
     span_s = (end - start).total_seconds()
@@ -109,11 +110,7 @@ def spend_series(
         ("s", 1.0) if span_s < 180 else ("min", 60.0) if span_s < 3 * 3600 else ("h", 3600.0)
     )
     step = (end - start) / (points - 1)
-    out = []
-    for i in range(points):
-        t = start + step * i
-        dollars = sum(
-            attempt_spend(a, now=t).total for a in attempts if a.rented_at and a.rented_at <= t
-        )
-        out.append(((t - start).total_seconds() / per, dollars))
-    return out, unit
+    moments = [start + step * i for i in range(points)]
+    dollars = cost_series(job, moments, now=now, cost=cost)
+    series = zip(moments, dollars, strict=True)
+    return [((t - start).total_seconds() / per, d) for t, d in series], unit

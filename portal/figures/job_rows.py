@@ -10,9 +10,10 @@ from datetime import datetime
 from django.db.models import Count, Prefetch, Q, QuerySet
 
 from billing.cost import JobCost, charges_prefetch, job_cost
+from billing.cost_in_time import team_cost_between
 from billing.periods import period_bounds
 from billing.services import projected_total
-from billing.spend import spend_between
+from billing.spend import job_spend
 from jobs import job_status, lifecycle
 from jobs.models import ACTIVE_STATES, Attempt, Job, JobState
 from nomadgpu.humanize import money, percent_of
@@ -55,6 +56,7 @@ class JobRow:
     cost: JobCost  # ``billing.cost.job_cost``: the one cost, its label and breakdown
     projected: float | None
     interruptions: int
+    recorded_usd: float = 0.0  # what the job's own limit counts (``billing.spend``, recorded)
 
     @property
     def live(self) -> bool:
@@ -74,10 +76,11 @@ class JobRow:
 
     @property
     def budget_percent(self) -> int | None:
-        """The job's cost as a whole percentage of its own limit, from the amounts as shown
-        (``humanize.percent_of``); None without a limit."""
+        """What the job's own limit counts, the recorded spend, as a whole percentage of it,
+        from the amounts as shown (``humanize.percent_of``); None without a limit. Not the
+        invoice: the limit paused the job on what was recorded (``billing.enforce``)."""
         budget = self.job.budget_usd
-        return percent_of(self.cost.total, budget) if budget else None
+        return percent_of(self.recorded_usd, budget) if budget else None
 
     @property
     def host(self) -> str:
@@ -109,15 +112,16 @@ def job_row(job: Job, *, now: datetime) -> JobRow:
         cost=cost,
         projected=projected_cost(job, now=now, cost=cost),
         interruptions=interruptions,
+        recorded_usd=job_spend(job, now=now).total if job.budget_usd else 0.0,
     )
 
 
-def team_month_spend(team, *, now: datetime) -> float:
-    """What TEAM's jobs cost this calendar month (team time zone), as the monthly limit
-    counts it."""
+def team_month_spend(team, *, now: datetime) -> JobCost:
+    """What TEAM's jobs cost this calendar month (team time zone), by the one cost rule:
+    each attempt recorded or invoiced as its job's cost counts it (``billing.cost_in_time``).
+    The monthly limit counts the recorded figure (``billing.services``)."""
     start, end = period_bounds("month", now, team.time_zone or "UTC")
-    attempts = Attempt.objects.filter(job__team=team).exclude(rented_at=None)
-    return spend_between(attempts, start, end, now=now).total
+    return team_cost_between(team, start, end, now=now)
 
 
 @dataclass(frozen=True)

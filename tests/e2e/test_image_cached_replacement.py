@@ -1,14 +1,16 @@
 """Through the real watchdog and renting on the sandbox: a job that loses its host is moved to
 a machine that already pulled its image (another job of the team ran there), over one that
-did not at the same price; its container starts without the pull, and the job page's
-decision says "image cached"."""
+did not at the same price; its container starts without the pull, none is recorded, and the
+job page's decision says "image cached"."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from django.utils import timezone
 
+from billing import image_pull
 from jobs.models import JobState
 from nomadgpu.models import Role
 from tests.support.factories import MembershipFactory
@@ -78,6 +80,9 @@ def test_a_replacement_goes_to_the_machine_that_already_pulled_the_image(supervi
     assert chances[CACHED["machine_id"]] > 0.5
     assert chances[PLAIN["machine_id"]] == 0.0
     assert box.debug(second.instance_id)["image_source"] == "machine"  # no pull this time
+    # ... and none is recorded: the poll saw no load as long as a pull (billing.image_pull).
+    second.refresh_from_db()
+    assert image_pull.recorded_pull(second, now=timezone.now()).bytes == 0
 
     MembershipFactory(team=supervisor.team, user=supervisor.user, role=Role.MEMBER)
     client.force_login(supervisor.user)

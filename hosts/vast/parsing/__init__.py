@@ -9,7 +9,8 @@ Nothing here does I/O, so all of it is tested on plain dicts. One file per thing
 - ``offers``: one offer of a market search → ``Offer``.
 - ``instances``: ``Instance`` and the answers to create, stop and start; whether a requested
   instance is still there (``instance_presence``); whether its host's container runtime failed
-  (``container_runtime_failed``).
+  (``container_runtime_failed``); what Docker's pull words say of its image
+  (``image_pull_seen``).
 - ``ledger``: charges (``Charge``, ``ChargeItem``, ``quantity_and_rate``), payments and credits
   (``InvoiceRow``) and the account (``VastUser``).
 - ``bodies``: what we send: the search and create bodies, query parameters, the bid range.
@@ -30,11 +31,14 @@ from hosts.vast.parsing.bodies import (
     encode_params,
 )
 from hosts.vast.parsing.instances import (
+    IMAGE_KEPT,
+    IMAGE_PULLED,
     CreatedInstance,
     Instance,
     InstancePresence,
     StateChange,
     container_runtime_failed,
+    image_pull_seen,
     instance_from_show,
     instance_presence,
     parse_instance,
@@ -67,6 +71,8 @@ __all__ = [
     "DEFAULT_RUNTYPE",
     "GB_PER_TB",
     "HOURS_PER_STORAGE_MONTH",
+    "IMAGE_KEPT",
+    "IMAGE_PULLED",
     "MIB_PER_GIB",
     "SEARCH_DEFAULTS",
     "Charge",
@@ -83,6 +89,7 @@ __all__ = [
     "container_runtime_failed",
     "encode_params",
     "epoch_seconds",
+    "image_pull_seen",
     "instance_from_show",
     "instance_presence",
     "parse_charge",

@@ -135,6 +135,33 @@ _RUNTIME_FAILED = re.compile(
 )
 
 
+# Docker's pull output, which Vast relays in ``status_msg`` while an instance loads (recorded
+# instance bodies carry lines such as "Pulling from <repo>" and "<layer>: Retrying in 5
+# seconds"). Its words, as ``docker image pull`` prints them
+# (https://docs.docker.com/reference/cli/docker/image/pull/, the examples): "Status: Image is
+# up to date for IMAGE" when the host already held the image; "Pulling from", "Pulling fs
+# layer", "Downloading", "Download complete", "Extracting", "Pull complete" and "Status:
+# Downloaded newer image for IMAGE" while or after it pulls. ("Already exists" is one layer
+# found, not the image: it says nothing alone.)
+IMAGE_PULLED, IMAGE_KEPT = "pulled", "kept"
+_SAYS_KEPT = re.compile(r"Image is up to date", re.IGNORECASE)
+_SAYS_PULLED = re.compile(
+    r"Pulling from|Pulling fs layer|Downloading|Download complete|Extracting|Pull complete"
+    r"|Downloaded newer image",
+    re.IGNORECASE,
+)
+
+
+def image_pull_seen(status_msg: str | None) -> str | None:
+    """What Docker's words in a loading instance's ``status_msg`` say of its image:
+    ``IMAGE_PULLED`` (it is being or was pulled), ``IMAGE_KEPT`` (the host held it), or None
+    (they say neither)."""
+    text = status_msg or ""
+    if _SAYS_KEPT.search(text):
+        return IMAGE_KEPT
+    return IMAGE_PULLED if _SAYS_PULLED.search(text) else None
+
+
 def container_runtime_failed(status_msg: str | None) -> bool:
     """Whether an instance's ``status_msg`` says the host's container runtime failed to create
     the container: a host fault, which no restart or higher bid on that host fixes."""
