@@ -457,15 +457,17 @@ def mark_running(attempt: Attempt, *, now: datetime) -> None:
         if not claimed:
             return
         resumed = attempt.resumed_from_step or 0
-        waiting = Interruption.objects.filter(
-            job_id=attempt.job_id, training_again_at=None, cancelled_before_recovery=False
+        # A replacement lost before it ran leaves its predecessor's interruption open, one that
+        # ended before its first step leaves it waiting to train again: this attempt is back
+        # for all of them, and their first step will be its own (none stays open forever).
+        waiting = Interruption.objects.filter(job_id=attempt.job_id, training_again_at=None).filter(
+            Q(running_again_at=None, cancelled_before_recovery=False)
+            | Q(replacement__state=AttemptState.ENDED, replacement__first_step_at=None)
         )
-        first_open = waiting.filter(running_again_at=None).order_by("detected_at").first()
-        # A replacement lost before it ran leaves its predecessor's interruption open, one lost
-        # before its first step leaves it waiting to train again: this attempt is back for
-        # all of them, and their first step will be its own (none stays open forever).
-        waiting.filter(running_again_at=None).update(running_again_at=now)
-        waiting.update(replacement_id=attempt.pk, resumed_step=resumed)
+        rows = Interruption.objects.filter(pk__in=list(waiting.values_list("pk", flat=True)))
+        first_open = rows.filter(running_again_at=None).order_by("detected_at").first()
+        rows.filter(running_again_at=None).update(running_again_at=now)
+        rows.update(replacement_id=attempt.pk, resumed_step=resumed)
         kind, message = "running", "the training command started"
         if first_open is not None:
             back = recovery_times.seconds_between(recovery_times.lost_at(first_open), now)

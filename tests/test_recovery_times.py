@@ -156,6 +156,20 @@ def test_a_replacement_lost_before_its_first_step_leaves_training_again_to_the_n
     assert job.events.filter(kind="running_again").count() == 1
 
 
+@pytest.mark.django_db
+def test_a_row_recorded_before_replacements_were_kept_is_not_taken_by_a_later_host(client, cast):
+    job = JobFactory(team=cast.team_a, state=JobState.STARTING)
+    old, _ = make_attempt(job, state="ended")
+    InterruptionFactory(attempt=old, detected_at=at(0), running_again_at=at(40), resumed_step=5)
+    _, token = make_attempt(job, number=2, instance_id=804)
+
+    with time_machine.travel(at(900), tick=False):
+        heartbeat(client, token, 1, step=7)  # a later host: running and stepping
+
+    row = Interruption.objects.get(attempt=old)
+    assert (row.replacement_id, row.training_again_at, row.resumed_step) == (None, None, 5)
+
+
 # --- Every surface ------------------------------------------------------------------------------
 
 
