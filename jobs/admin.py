@@ -17,9 +17,11 @@ from jobs.models import (
     StagedObject,
     WorkdirPack,
 )
+from jobs.recovery_times import recovery_times
 from jobs.spec import RESOLVED_AT_SUBMIT, JobSpec, MissingSecret, ValidationError, check_team_refs
 from jobs.spending import BudgetExceeded
 from nomadgpu.admin_scoping import TeamScopedAdmin
+from nomadgpu.humanize import duration
 
 # The workdir is stored as submit resolved it (a git ref's commit): shown, not edited.
 SPEC_FIELDS = tuple(name for name in JobSpec.model_fields if name not in RESOLVED_AT_SUBMIT)
@@ -226,13 +228,15 @@ class InterruptionAdmin(TeamScopedAdmin):
         "job",
         "cause",
         "detected_at",
+        "drill",
         "detection_s",
-        "back_after_s",
+        "back_on_machine_s",
+        "training_again_s",
         "step_reached",
         "resumed_step",
         "cancelled_before_recovery",
     ]
-    list_filter = ["cause", "cancelled_before_recovery", "job__team"]
+    list_filter = ["cause", "drill", "cancelled_before_recovery", "job__team"]
     search_fields = ["job__name", "detail"]
     date_hierarchy = "detected_at"
     list_select_related = ["job"]
@@ -244,11 +248,13 @@ class InterruptionAdmin(TeamScopedAdmin):
             return "—"
         return f"{(item.detected_at - item.last_heartbeat_at).total_seconds():.0f}"
 
-    @admin.display(description="running again after (s)")
-    def back_after_s(self, item: Interruption) -> str:
-        if item.running_again_at is None:
-            return "—"
-        return f"{(item.running_again_at - item.detected_at).total_seconds():.0f}"
+    @admin.display(description="back on a machine after")
+    def back_on_machine_s(self, item: Interruption) -> str:
+        return duration(recovery_times(item).back_on_machine_s)
+
+    @admin.display(description="training again after")
+    def training_again_s(self, item: Interruption) -> str:
+        return duration(recovery_times(item).training_again_s)
 
     def has_add_permission(self, request) -> bool:
         return False

@@ -22,9 +22,11 @@ its replacement into phases, each ending at one moment:
 - **first step**: → the first step reported on the replacement.
 
 A moment not known (an older agent, no checkpoint to restore) leaves its phase ``None`` and the
-next phase starts at the last moment that is known, so the known phases always add up to the
-whole downtime. Lost work: the steps done again (reached on the lost host minus resumed from), at
-the replacement's seconds per step and its GPU price. The step reached is the last heartbeat's:
+next phase starts at the last moment that is known, and a moment reported after the first step
+counts as the first step, so the known phases always add up to the whole downtime: "training
+again" (``jobs.recovery_times``), from the same loss to the same first step. Lost work: the
+steps done again (reached on the lost host minus resumed from), at the replacement's seconds
+per step and its GPU price. The step reached is the last heartbeat's:
 a checkpoint written after it resumes the job past it, and nothing is lost (the page says why).
 """
 
@@ -146,11 +148,23 @@ def resume_note(reached: int | None, resumed: int | None) -> str:
     )
 
 
+def capped(ends, last: datetime | None) -> list[tuple[str | None, datetime | None]]:
+    """ENDS with every moment after LAST (the first step) taken as LAST: a boundary reported
+    later than the step that ends the downtime (host clocks, a late report) adds nothing."""
+    if last is None:
+        return list(ends)
+    return [(key, min(moment, last) if moment else moment) for key, moment in ends]
+
+
 def breakdown(interruption: Interruption) -> dict:
     """INTERRUPTION's downtime by phase (seconds, None where unknown), their total, and the
-    lost work. Load it with ``select_related("replacement")`` to read it in one query."""
+    lost work. Load it with ``select_related("replacement")`` to read it in one query.
+
+    The downtime starts at the loss, ``recovery_times.lost_at``: the last heartbeat, or the
+    detection without one (then the detection phase is unknown, not zero)."""
     r = replacement_of(interruption)
-    phases = phase_seconds(interruption.last_heartbeat_at, boundaries(interruption, r))
+    ends = capped(boundaries(interruption, r), r.first_step_at if r else None)
+    phases = phase_seconds(interruption.last_heartbeat_at, ends)
     known = [s for s in phases.values() if s is not None]
     work = lost_work(interruption, r)
     return {

@@ -1,5 +1,10 @@
 """The fire drill: destroy a job's host on purpose and time the recovery (the field report's
-experiment). Works against the sandbox and against real Vast: it only calls destroy."""
+experiment). Works against the sandbox and against real Vast: it only calls destroy.
+
+A drill is not an interruption of the team's service: ``destroy_running_host`` marks the
+attempt before it destroys the host, ``lifecycle.handle_loss`` records that loss as a drill,
+and the status page, its badge and every rate a decision uses leave drills out. The job's
+timeline keeps it ("fire drill: host lost as planned ...")."""
 
 from __future__ import annotations
 
@@ -12,15 +17,18 @@ from django.utils import timezone
 from hosts.vast import VastClient
 from jobs import anatomy, lifecycle
 from jobs.models import Attempt, AttemptState, Interruption, Job
+from jobs.recovery_times import recovery_times, seconds_between
 
 
 @dataclass(frozen=True)
 class DrillResult:
+    """One drill's recovery: every figure counts from the loss (``jobs.recovery_times``)."""
+
     job_id: int
     destroyed_instance: int
-    detection_s: float | None
-    rented_s: float | None
-    running_again_s: float | None
+    detection_s: float | None  # the loss (last heartbeat) → detected
+    back_on_machine_s: float | None
+    training_again_s: float | None
     resumed_step: int | None
     resume_note: str  # the step resumed from against the last heartbeat's (anatomy.resume_note)
 
@@ -44,11 +52,27 @@ def step_words(step: int | None) -> str:
 
 def destroy_running_host(job: Job, *, by: str = "") -> Attempt:
     """Destroy the instance under JOB's running attempt, the way a host dies, and put a
-    ``drill`` event on the timeline; returns the attempt. Raises DrillError when nothing runs;
-    the provider's errors (VastError) pass on."""
+    ``drill`` event on the timeline; returns the attempt, marked as drilled (its loss is
+    recorded as a drill). Raises DrillError when nothing runs or the instance was already
+    gone; the provider's errors (VastError) pass on."""
     attempt = running_attempt(job)
-    with VastClient.from_settings(job.team) as client:
-        client.destroy_instance(attempt.instance_id)
+    # Marked first: the watchdog may find the loss as soon as the instance is gone, and must
+    # then already see a drill (inside a caller's transaction the mark also holds the row,
+    # so the watchdog's close waits for it). A destroy that did not happen takes it back: a
+    # later loss of this host is a real one.
+    Attempt.objects.filter(pk=attempt.pk).update(drilled_at=timezone.now())
+    try:
+        with VastClient.from_settings(job.team) as client:
+            destroyed = client.destroy_instance(attempt.instance_id)
+    except BaseException:
+        Attempt.objects.filter(pk=attempt.pk).update(drilled_at=None)
+        raise
+    if not destroyed:
+        Attempt.objects.filter(pk=attempt.pk).update(drilled_at=None)
+        raise DrillError(
+            f"instance {attempt.instance_id} of job {job.pk} was already gone at the provider: "
+            "a real loss, not a drill; the supervisor recovers it as one"
+        )
     lifecycle.record_event(
         job.pk,
         now=timezone.now(),
@@ -64,32 +88,29 @@ def destroy_running_host(job: Job, *, by: str = "") -> Attempt:
 def drill_once(
     job: Job, *, timeout_s: float = 900, poll_s: float = 0.5, say: Callable[[str], None] = print
 ) -> DrillResult:
-    """Destroy the job's running host and wait until training runs again elsewhere."""
+    """Destroy the job's running host and wait until it is training again elsewhere."""
     attempt = destroy_running_host(job, by="by manage.py drill")
-    destroyed_at = timezone.now()
     say(f"destroyed instance {attempt.instance_id} of job {job.pk}{step_words(attempt.step)}")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         interruption = Interruption.objects.filter(attempt=attempt).first()
-        if interruption and interruption.running_again_at:
-            return _result(job, attempt, interruption, destroyed_at)
+        if interruption and interruption.training_again_at:
+            return _result(job, attempt, interruption)
         job.refresh_from_db()
         if job.state in ("failed", "cancelled", "succeeded"):
-            raise DrillError(f"job {job.pk} ended ({job.state}) before running again")
+            raise DrillError(f"job {job.pk} ended ({job.state}) before training again")
         time.sleep(poll_s)
-    raise DrillError(f"job {job.pk} did not run again within {timeout_s:.0f} s")
+    raise DrillError(f"job {job.pk} was not training again within {timeout_s:.0f} s")
 
 
-def _result(job, attempt, interruption: Interruption, destroyed_at) -> DrillResult:
-    def since(moment):
-        return None if moment is None else (moment - destroyed_at).total_seconds()
-
+def _result(job, attempt, interruption: Interruption) -> DrillResult:
+    times = recovery_times(interruption)
     return DrillResult(
         job_id=job.pk,
         destroyed_instance=attempt.instance_id,
-        detection_s=since(interruption.detected_at),
-        rented_s=since(interruption.replacement_rented_at),
-        running_again_s=since(interruption.running_again_at),
+        detection_s=seconds_between(times.lost_at, interruption.detected_at),
+        back_on_machine_s=times.back_on_machine_s,
+        training_again_s=times.training_again_s,
         resumed_step=interruption.resumed_step,
         resume_note=anatomy.resume_note(interruption.step_reached, interruption.resumed_step),
     )

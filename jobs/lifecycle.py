@@ -14,7 +14,8 @@ Who moves a job, and when:
 - submit (``submit_job``) and resume (``resume_job``) queue it and plan its first rent;
 - ``plan_rent`` commits the next attempt (renting), asked by submit, resume and the watchdog for
   every job that needs a host (a lost one's too); ``mark_rented`` records the instance;
-- the agent's heartbeats report training (``mark_running``) and the command's end, or its
+- the agent's heartbeats report training (``mark_running``, then ``mark_training_again`` at the
+  first step after a loss) and the command's end, or its
   setup's failure (``handle_exit``); the watchdog and the agent API report a lost host
   (``handle_loss``: the job recovers; the watchdog plans the replacement in the same pass
   that found the loss, or in its next pass when the agent API reported it), a contract about
@@ -44,7 +45,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Max, Q
 
 from hosts.models import Machine
-from jobs import spending
+from jobs import recovery_times, spending
 from jobs.models import (
     LIVE_ATTEMPT_STATES,
     ON_HOST_STATES,
@@ -62,7 +63,7 @@ from jobs.models import (
 from jobs.rent_decision import RentDecision
 from jobs.spending import BudgetExceeded
 from nomadgpu.crypto import new_data_key
-from nomadgpu.humanize import instance_price
+from nomadgpu.humanize import duration, instance_price
 
 logger = logging.getLogger(__name__)
 
@@ -350,6 +351,10 @@ def handle_loss(loss: Loss, *, now: datetime) -> bool:
         if attempt is None:
             return False
         last_ready = Checkpoint.objects.filter(job_id=attempt.job_id).newest_ready_step()
+        # A drill marks its attempt before it destroys the host (``jobs.drill``), and this
+        # reads the attempt after the update that closed it: no order of the two makes a
+        # drilled host's loss a real one.
+        drill = attempt.drilled_at is not None
         Interruption.objects.create(
             job_id=attempt.job_id,
             attempt=attempt,
@@ -358,9 +363,10 @@ def handle_loss(loss: Loss, *, now: datetime) -> bool:
             last_heartbeat_at=attempt.last_heartbeat_at,
             detected_at=loss.since or now,
             step_reached=attempt.step,
+            drill=drill,
         )
-        if loss.cause == OUTBID:
-            avoid_machine(attempt)  # another tenant's bid, not the machine's fault
+        if loss.cause == OUTBID or drill:
+            avoid_machine(attempt)  # another tenant's bid, or our drill: not the machine's doing
         else:
             remember_bad_machine(attempt)
         transition(
@@ -368,17 +374,31 @@ def handle_loss(loss: Loss, *, now: datetime) -> bool:
             S.RECOVERING,
             now=now,
             kind="host_lost",
-            message=f"host lost ({loss.cause}) "
-            + (f"at step {attempt.step}" if attempt.step is not None else "before training began")
-            + (f"; resumes from checkpoint {last_ready}" if last_ready else "; no checkpoint yet"),
+            message=loss_words(attempt, loss.cause, last_ready=last_ready, drill=drill),
             data={
                 "cause": loss.cause,
                 "step": attempt.step,
                 "last_checkpoint": last_ready,
                 "attempt_id": attempt.pk,  # its Interruption may be dated earlier (loss.since)
+                "drill": drill,
             },
         )
     return True
+
+
+def loss_words(attempt: Attempt, cause: str, *, last_ready: int | None, drill: bool) -> str:
+    """The host_lost event's sentence. Where training was: at its last reported step; "before
+    the first training step" once the command started (the timeline said "the training command
+    started"); "before training started" while the host was still starting."""
+    if attempt.step is not None:
+        where = f"at step {attempt.step}"
+    elif attempt.running_at is not None:
+        where = "before the first training step"
+    else:
+        where = "before training started"
+    head = "fire drill: host lost as planned" if drill else "host lost"
+    resumes = f"resumes from checkpoint {last_ready}" if last_ready else "no checkpoint yet"
+    return f"{head} ({cause}) {where}; {resumes}"
 
 
 def move_before_contract_end(attempt_id: int, *, now: datetime) -> bool:
@@ -429,31 +449,72 @@ def remember_bad_machine(attempt: Attempt) -> None:
 
 
 def mark_running(attempt: Attempt, *, now: datetime) -> None:
-    """The agent reports training running: the job runs (again); open interruptions close."""
+    """The agent reports the training command started: the job runs (again), and is back on a
+    machine for every interruption still waiting to train again (``jobs.recovery_times``)."""
     with transaction.atomic():
         claimed = Attempt.objects.filter(pk=attempt.pk, state=AttemptState.STARTING).update(
             state=AttemptState.RUNNING, running_at=now
         )
         if not claimed:
             return
-        still_open = Interruption.objects.filter(
-            job_id=attempt.job_id, running_again_at=None, cancelled_before_recovery=False
+        resumed = attempt.resumed_from_step or 0
+        # A replacement lost before it ran leaves its predecessor's interruption open, one that
+        # ended before its first step leaves it waiting to train again: this attempt is back
+        # for all of them, and their first step will be its own (none stays open forever).
+        waiting = Interruption.objects.filter(job_id=attempt.job_id, training_again_at=None).filter(
+            Q(running_again_at=None, cancelled_before_recovery=False)
+            | Q(replacement__state=AttemptState.ENDED, replacement__first_step_at=None)
         )
-        open_interruption = still_open.order_by("detected_at").first()
-        kind, message = "running", "training started"
-        if open_interruption is not None:
-            # A replacement lost before it ran leaves its predecessor's interruption open too:
-            # the job is back for all of them now, so all close (none stays open forever).
-            still_open.update(
-                running_again_at=now,
-                resumed_step=attempt.resumed_from_step or 0,
-                replacement_id=attempt.pk,
+        rows = Interruption.objects.filter(pk__in=list(waiting.values_list("pk", flat=True)))
+        first_open = rows.filter(running_again_at=None).order_by("detected_at").first()
+        rows.filter(running_again_at=None).update(running_again_at=now)
+        rows.update(replacement_id=attempt.pk, resumed_step=resumed)
+        kind, message = "running", "the training command started"
+        if first_open is not None:
+            back = recovery_times.seconds_between(recovery_times.lost_at(first_open), now)
+            kind = "back_on_machine"
+            message = (
+                f"back on a machine after {duration(back)}: the training command started, "
+                f"resumed from step {resumed}; training again at its first step"
             )
-            downtime = (now - open_interruption.detected_at).total_seconds()
-            kind = "running_again"
-            resumed = attempt.resumed_from_step or 0
-            message = f"running again after {downtime:.0f} s, resumed from step {resumed}"
         transition(attempt.job_id, S.RUNNING, now=now, kind=kind, message=message)
+        mark_training_again(attempt.pk, now=now)  # its first step may have come first
+
+
+def mark_training_again(attempt_id: int, *, now: datetime) -> None:
+    """ATTEMPT_ID has reported its first training step: the interruptions it is back on a
+    machine for are training again from that step (its ``first_step_at``), with one
+    ``running_again`` event (the one notified) naming both figures. Safe to call again."""
+    attempt = Attempt.objects.filter(pk=attempt_id).only("job_id", "first_step_at").first()
+    if attempt is None or attempt.first_step_at is None:
+        return
+    with transaction.atomic():
+        rows = list(
+            Interruption.objects.filter(
+                replacement_id=attempt_id, training_again_at=None, running_again_at__isnull=False
+            ).order_by("detected_at")
+        )
+        claimed = Interruption.objects.filter(
+            pk__in=[row.pk for row in rows], training_again_at=None
+        ).update(training_again_at=attempt.first_step_at)
+        if not claimed:
+            return
+        first = rows[0]  # the earliest loss: the job's whole wait
+        first.training_again_at = attempt.first_step_at
+        times = recovery_times.recovery_times(first)
+        record_event(
+            attempt.job_id,
+            now=now,
+            kind="running_again",
+            message=f"training again after {duration(times.training_again_s)} (back on a "
+            f"machine after {duration(times.back_on_machine_s)}), resumed from step "
+            f"{first.resumed_step}",
+            attempt_id=first.attempt_id,
+            back_on_machine_s=times.back_on_machine_s,
+            training_again_s=times.training_again_s,
+            resumed_step=first.resumed_step,
+            drill=first.drill,
+        )
 
 
 SETUP_FAILED = "setup_failed"  # the agent's exit reason when the job's setup or code failed

@@ -1,5 +1,5 @@
-"""``nomadgpu drill``: destroy the job's host, wait until it trains again elsewhere, and say
-how long each phase of the recovery took."""
+"""``nomadgpu drill``: destroy the job's host, wait until it trains again elsewhere (its first
+step after the loss), and say when it was back on a machine and training again."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from datetime import datetime
 from nomadgpu_cli.api import Api
 from nomadgpu_cli.errors import EXIT_JOB_FAILED, EXIT_OK, CliError
 from nomadgpu_cli.follow import STOPPED, follow_job
+from nomadgpu_cli.jobs import recovery_line
 from nomadgpu_cli.render import duration
 
 
@@ -57,21 +58,13 @@ def wait_running(api: Api, job_id: int, *, poll_s: float, timeout_s: float) -> N
 
 
 def drill_summary(job: dict, drill: dict) -> str:
+    """The drill's recovery as the server measured it: both figures from the loss (the lost
+    host's last heartbeat), the numbers the job page and ``status`` show."""
     mine = [i for i in job["interruption_list"] if i["attempt"] == drill["attempt"]]
     if not mine:
         return "no interruption recorded for the destroyed host"
-    i, start = mine[0], datetime.fromisoformat(drill["destroyed_at"])
-
-    def after(moment: str | None) -> str:
-        return (
-            "-"
-            if moment is None
-            else duration((datetime.fromisoformat(moment) - start).total_seconds())
-        )
-
-    note = f"; {i['resume_note']}" if i.get("resume_note") else ""
-    return (
-        f"detected after {after(i['detected_at'])}, replacement rented after "
-        f"{after(i['replacement_rented_at'])}, training again after "
-        f"{after(i['running_again_at'])}, resumed from step {i['resumed_step']}{note}"
-    )
+    i = mine[0]
+    lost = datetime.fromisoformat(i["lost_at"])
+    detected = (datetime.fromisoformat(i["detected_at"]) - lost).total_seconds()
+    kept = "recorded as a fire drill" if i.get("drill") else "recorded as a real loss"
+    return f"{kept}; detected after {duration(max(detected, 0.0))}; {recovery_line(i)}"

@@ -66,12 +66,28 @@ def print_job(job: dict) -> None:
     for name, value in rows:
         print(f"{name:>14}: {value}")
     for i in job["interruption_list"]:
-        back = i["running_again_at"] or "not yet"
-        note = f"; {i['resume_note']}" if i.get("resume_note") else ""
-        print(
-            f"{'':>16}attempt {i['attempt']}: {i['cause']} detected {i['detected_at']}, "
-            f"running again {back}, resumed from step {i['resumed_step']}{note}"
-        )
+        print(f"{'':>16}{recovery_line(i)}")
+
+
+def recovery_line(i: dict) -> str:
+    """One interruption with its two figures as the server computed them (from the loss, the
+    lost host's last heartbeat): the job page's and the status page's words and numbers."""
+    drill = " (fire drill)" if i.get("drill") else ""
+    note = f"; {i['resume_note']}" if i.get("resume_note") else ""
+    return (
+        f"attempt {i['attempt']}: {i['cause']}{drill}, lost {local_time(i['lost_at'])}: "
+        f"back on a machine {after(i['back_on_machine_s'])}, "
+        f"training again {after(i['training_again_s'])}, "
+        f"resumed from step {i['resumed_step']}{note}"
+    )
+
+
+def local_time(moment: str) -> str:
+    return f"{datetime.fromisoformat(moment).astimezone():%Y-%m-%d %H:%M:%S}"
+
+
+def after(seconds: float | None) -> str:
+    return "not yet" if seconds is None else f"after {duration(seconds)}"
 
 
 def cmd_cancel(api: Api, args: argparse.Namespace) -> int:

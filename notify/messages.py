@@ -23,6 +23,7 @@ from billing.reconcile import machine_and_training_hours, reconcile_job
 from jobs import anatomy
 from jobs.job_status import early_finish_note
 from jobs.models import Interruption, Job, JobEvent
+from jobs.recovery_times import recovery_times
 from nomadgpu.humanize import duration, money, percent_of
 from nomadgpu.team_admins import admin_names
 from notify.models import EventKind
@@ -122,6 +123,7 @@ def host_lost_facts(event: JobEvent, job: Job) -> dict:
         silent = (interruption.detected_at - interruption.last_heartbeat_at).total_seconds()
     return {
         "cause": data.get("cause") or (interruption.cause if interruption else "unknown"),
+        "drill": bool(interruption.drill) if interruption else bool(data.get("drill")),
         "detail": interruption.detail if interruption else "",
         "step": data.get("step"),
         "total_steps": job.total_steps,
@@ -134,18 +136,19 @@ def host_lost_facts(event: JobEvent, job: Job) -> dict:
 
 
 def running_again_facts(event: JobEvent, job: Job) -> dict:
-    interruption = (
-        Interruption.objects.filter(job=job, running_again_at__lte=event.created_at)
-        .order_by("-running_again_at")
-        .first()
-    )
+    """Training again after a loss (the event comes with the first step): both figures from
+    the loss (``jobs.recovery_times``), the numbers the job page and the CLI show."""
+    interruption = _recovered(event, job)
     attempt = job.attempts.filter(running_at__lte=event.created_at).order_by("-number").first()
-    downtime = None
-    if interruption and interruption.running_again_at:
-        downtime = (interruption.running_again_at - interruption.detected_at).total_seconds()
+    times = recovery_times(interruption) if interruption else None
+    back = times.back_on_machine_s if times else None
+    training = times.training_again_s if times else None
     return {
-        "downtime_s": downtime,
-        "downtime_text": duration(downtime, "unknown"),
+        "drill": bool(interruption and interruption.drill),
+        "back_on_machine_s": back,
+        "back_on_machine_text": duration(back, "unknown"),
+        "training_again_s": training,
+        "training_again_text": duration(training, "unknown"),
         "resumed_step": interruption.resumed_step if interruption else None,
         "step_reached": interruption.step_reached if interruption else None,
         "resumed_ahead": anatomy.written_after_last_heartbeat(
@@ -157,6 +160,20 @@ def running_again_facts(event: JobEvent, job: Job) -> dict:
         "price_usd_per_hour": round(attempt.dph_base, 4) if attempt else None,
         "price_text": money(attempt.dph_base, per_hour=True) if attempt else "",
     }
+
+
+def _recovered(event: JobEvent, job: Job) -> Interruption | None:
+    """The interruption a running_again EVENT reports: its lost attempt's, as the event names
+    it; else the latest that trained again by then (an event written before it named one)."""
+    rows = Interruption.objects.filter(job=job)
+    attempt_id = (event.data or {}).get("attempt_id")
+    if attempt_id is not None and (row := rows.filter(attempt_id=attempt_id).first()):
+        return row
+    return (
+        rows.filter(running_again_at__lte=event.created_at)
+        .order_by("-running_again_at", "-detected_at")
+        .first()
+    )
 
 
 def finished_facts(event: JobEvent, job: Job) -> dict:

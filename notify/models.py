@@ -19,7 +19,8 @@ class EventKind(models.TextChoices):
     """The JobEvent kinds a channel can subscribe to; other kinds never notify."""
 
     HOST_LOST = "host_lost", "Host lost"
-    RUNNING_AGAIN = "running_again", "Running again"
+    # Sent with the first training step after a loss (kind kept for subscriptions/webhooks).
+    RUNNING_AGAIN = "running_again", "Training again"
     FINISHED = "finished", "Job finished"
     FAILED = "failed", "Job failed"
     NO_OFFERS = "no_offers", "No offer matches"

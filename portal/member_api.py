@@ -27,7 +27,8 @@ from jobs import anatomy, job_status, lifecycle
 from jobs.code import job_secrets, packs
 from jobs.drill import DrillError, destroy_running_host
 from jobs.job_templates import JOB_TEMPLATES, template_spec
-from jobs.models import Attempt, Job
+from jobs.models import Attempt, Interruption, Job
+from jobs.recovery_times import recovery_times
 from jobs.spec import JobSpec, MissingSecret, submit_spec
 from jobs.spending import BudgetExceeded
 from jobs.staging import stage
@@ -95,10 +96,22 @@ class InterruptionOut(Schema):
     attempt: int
     cause: str
     detail: str
+    drill: bool = Field(description="a fire drill: the host was destroyed on purpose")
     last_heartbeat_at: datetime | None
     detected_at: datetime
     replacement_rented_at: datetime | None
-    running_again_at: datetime | None
+    lost_at: datetime = Field(
+        description="the loss both figures count from: the last heartbeat, else the detection"
+    )
+    back_on_machine_at: datetime | None = Field(
+        description="the replacement running (its training command started)"
+    )
+    back_on_machine_s: float | None = Field(
+        description="seconds from the loss to back on a machine"
+    )
+    training_again_at: datetime | None = Field(description="the first training step after the loss")
+    training_again_s: float | None = Field(description="seconds from the loss to training again")
+    running_again_at: datetime | None = Field(description="the same as back_on_machine_at")
     step_reached: int | None
     resumed_step: int | None
     resume_note: str = Field(
@@ -327,6 +340,7 @@ def job_detail_out(job: Job, *, now: datetime) -> dict[str, Any]:
         "interruption_list": [
             {
                 **_fields(i, InterruptionOut),
+                **_recovery_fields(i),
                 "attempt": attempts.get(i.attempt_id, 0),
                 "resume_note": anatomy.resume_note(i.step_reached, i.resumed_step),
             }
@@ -341,6 +355,18 @@ def _start_deadline_out(job: Job, *, now: datetime) -> dict[str, Any] | None:
         return None
     return {"waiting_for": due.waiting_for, "at": due.at, "in_s": due.in_s, "why": due.why,
             "text": due.text}  # fmt: skip
+
+
+def _recovery_fields(row: Interruption) -> dict[str, Any]:
+    """ROW's two figures as ``jobs.recovery_times`` defines them (the job page's, the CLI's)."""
+    times = recovery_times(row)
+    return {
+        "lost_at": times.lost_at,
+        "back_on_machine_at": times.back_on_machine_at,
+        "back_on_machine_s": times.back_on_machine_s,
+        "training_again_at": times.training_again_at,
+        "training_again_s": times.training_again_s,
+    }
 
 
 def _gpu_out(gpu: dict[str, Any]) -> dict[str, Any]:

@@ -7,13 +7,15 @@ which reads ``jobs.Interruption`` rows (plus the count of jobs running now, the 
 
 - **Window**: the last N calendar days in the team's time zone, today included (so the daily
   bars add up to the total): from local midnight N-1 days ago until now. N is 7, 30 or 90.
-- **Interruptions**: rows whose ``detected_at`` falls in the window. *Resumed*, *cancelled before
-  recovery* and *still recovering* count those same interruptions (not distinct jobs), so they
-  add up to the total.
-- **Back on a machine**: ``detected_at`` → ``replacement_rented_at`` (the replacement host was
-  rented), over the interruptions that have one. **Running again**: ``detected_at`` →
-  ``running_again_at`` (training ran again on it). **Detection**: ``last_heartbeat_at`` →
-  ``detected_at``, where a heartbeat was ever heard.
+- **Interruptions**: rows whose ``detected_at`` falls in the window, fire drills left out (a
+  loss the team caused on purpose, ``Interruption.drill``: it stays on the job's timeline).
+  *Resumed*, *cancelled before recovery* and *still recovering* count those same interruptions
+  (not distinct jobs), so they add up to the total.
+- **Back on a machine** and **training again**: ``jobs.recovery_times``, the one definition
+  every surface uses: from the loss (the last heartbeat, else the detection) to the
+  replacement running, and to the first training step after the loss, over the
+  interruptions that reached each. **Detection**: ``last_heartbeat_at`` → ``detected_at``,
+  where a heartbeat was ever heard.
 - **Recovery phases** (``jobs.anatomy``): each resumed interruption's downtime split into
   detection, renting, provider start-up, agent bootstrap, code (the job's workdir fetched),
   setup, checkpoint download, unpack and first step; median and p90 per phase over the
@@ -38,6 +40,7 @@ from django.utils.crypto import salted_hmac
 
 from jobs import anatomy, attention
 from jobs.models import Interruption, Job, JobState
+from jobs.recovery_times import recovery_times
 from nomadgpu.health import WATCHDOG, is_fresh, silent_for_s
 from nomadgpu.models import IngestOutage, ServiceHeartbeat, Team
 from statuspage import costs
@@ -98,8 +101,11 @@ class Incident:
     cause: str
     cause_label: str
     detected_at: datetime  # in the team's time zone, like the other moments
+    lost_at: datetime  # the loss both figures count from (``jobs.recovery_times``)
     back_on_machine_at: datetime | None
-    running_again_at: datetime | None
+    training_again_at: datetime | None
+    back_on_machine_s: float | None
+    training_again_s: float | None
     resumed_step: int | None
     outcome: str  # "resumed" | "cancelled" | "recovering"
 
@@ -167,7 +173,7 @@ class TeamStatus:
     cancelled_before_recovery: int
     recovering: int
     back_on_machine: Durations
-    running_again: Durations
+    training_again: Durations
     detection: Durations
     running_now: int
     recovery_phases: tuple[PhaseDurations, ...]
@@ -186,9 +192,11 @@ def team_status(team: Team, *, now: datetime, days: int = DEFAULT_WINDOW) -> Tea
     since = window_start(now, days, tz)
     rows = list(
         Interruption.objects.filter(job__team=team, detected_at__gte=since, detected_at__lte=now)
+        .exclude(drill=True)
         .select_related("replacement")
         .order_by("-detected_at", "-pk")
     )
+    times = [recovery_times(row) for row in rows]
     return TeamStatus(
         team_name=team.name,
         team_slug=team.slug,
@@ -200,8 +208,8 @@ def team_status(team: Team, *, now: datetime, days: int = DEFAULT_WINDOW) -> Tea
         resumed=sum(outcome_of(row) == "resumed" for row in rows),
         cancelled_before_recovery=sum(outcome_of(row) == "cancelled" for row in rows),
         recovering=sum(outcome_of(row) == "recovering" for row in rows),
-        back_on_machine=durations((row.detected_at, row.replacement_rented_at) for row in rows),
-        running_again=durations((row.detected_at, row.running_again_at) for row in rows),
+        back_on_machine=seconds_summary([t.back_on_machine_s for t in times]),
+        training_again=seconds_summary([t.training_again_s for t in times]),
         detection=durations((row.last_heartbeat_at, row.detected_at) for row in rows),
         running_now=Job.objects.filter(team=team, state=JobState.RUNNING).count(),
         recovery_phases=recovery_phases(rows),
@@ -281,13 +289,17 @@ def incident(row: Interruption, tz: ZoneInfo) -> Incident:
     def local(moment: datetime | None) -> datetime | None:
         return moment.astimezone(tz) if moment else None
 
+    times = recovery_times(row)
     return Incident(
         ref=incident_ref(row.pk),
         cause=row.cause,
         cause_label=CAUSE_LABELS.get(row.cause, row.cause.replace("_", " ")),
         detected_at=local(row.detected_at),
-        back_on_machine_at=local(row.replacement_rented_at),
-        running_again_at=local(row.running_again_at),
+        lost_at=local(times.lost_at),
+        back_on_machine_at=local(times.back_on_machine_at),
+        training_again_at=local(times.training_again_at),
+        back_on_machine_s=times.back_on_machine_s,
+        training_again_s=times.training_again_s,
         resumed_step=row.resumed_step if row.running_again_at else None,
         outcome=outcome_of(row),
     )
@@ -338,7 +350,7 @@ def outage_lines(team: Team | None, *, since: datetime, now: datetime) -> tuple[
         until = row.ended_at or now
         lost = Interruption.objects.filter(
             cause__in=SILENCE_CAUSES, detected_at__gte=row.started_at, detected_at__lte=until
-        )
+        ).exclude(drill=True)
         if team is not None:
             lost = lost.filter(job__team=team)
         lines.append(

@@ -27,7 +27,10 @@ from statuspage import costs, stats
 from statuspage.chart import bar_chart
 
 CACHE_SECONDS = 30
-JSON_VERSION = 2  # 2: recovery_phases_s added; every version-1 key is kept
+# 2: recovery_phases_s added. 3: back on a machine and training again as jobs.recovery_times
+# defines them (from the loss; training_again_s added, running_again_s kept as its copy), and
+# fire drills left out. Every version-2 key is kept.
+JSON_VERSION = 3
 
 
 def public_team_or_404(slug: str) -> Team:
@@ -97,7 +100,7 @@ def iso(moment: datetime | None) -> str | None:
 
 
 def status_document(status: stats.TeamStatus) -> dict:
-    """The JSON body, version 2 (schema in statuspage/README.md; add fields, never rename)."""
+    """The JSON body, version 3 (schema in statuspage/README.md; add fields, never rename)."""
 
     def spans(d: stats.Durations) -> dict:
         return {"count": d.count, "median": d.median_s, "p90": d.p90_s}
@@ -117,7 +120,8 @@ def status_document(status: stats.TeamStatus) -> dict:
         "recovering": status.recovering,
         "percentile_method": "nearest-rank",
         "back_on_machine_s": spans(status.back_on_machine),
-        "running_again_s": spans(status.running_again),
+        "training_again_s": spans(status.training_again),
+        "running_again_s": spans(status.training_again),  # version 2's name for it
         "detection_s": spans(status.detection),
         "recovery_phases_s": {p.key: spans(p.durations) for p in status.recovery_phases},
         "jobs_running_now": status.running_now,
@@ -185,14 +189,18 @@ def incident_document(i: stats.Incident) -> dict:
         "cause_label": i.cause_label,
         "outcome": i.outcome,
         "detected_at": iso(i.detected_at),
+        "lost_at": iso(i.lost_at),
         "back_on_machine_at": iso(i.back_on_machine_at),
-        "running_again_at": iso(i.running_again_at),
+        "training_again_at": iso(i.training_again_at),
+        "back_on_machine_s": i.back_on_machine_s,
+        "training_again_s": i.training_again_s,
+        "running_again_at": iso(i.back_on_machine_at),  # version 2's name: the replacement running
         "resumed_step": i.resumed_step,
     }
 
 
 def badge_colour(p90_s: float | None) -> str:
-    """Green when the p90 until running again is under 10 min, amber under an hour."""
+    """Green when the p90 until training again is under 10 min, amber under an hour."""
     if p90_s is None:
         return "#667085"
     if p90_s < 600:
@@ -205,9 +213,9 @@ def badge(request: HttpRequest, slug: str) -> HttpResponse:
     days = requested_days(request)
     if days is None:
         return bad_window()
-    # The time a user waits: until training runs again, not until a host is rented.
-    p90 = cached_status(team, days).running_again.p90_s
-    label, value = "running again p90", duration(p90, none="no data")
+    # The time a user waits: from the loss until training again (jobs.recovery_times).
+    p90 = cached_status(team, days).training_again.p90_s
+    label, value = "training again p90", duration(p90, none="no data")
     # About 7 px per character of 11 px Verdana, plus padding: close to shields.io's sizes.
     label_w, value_w = 10 + 7 * len(label), 10 + 7 * len(value)
     context = {
@@ -276,25 +284,24 @@ class InterruptionFeed(Feed):
 
     def item_updateddate(self, entry: FeedEntry) -> datetime:
         i = entry.incident
-        return i.running_again_at or i.back_on_machine_at or i.detected_at
+        return i.training_again_at or i.back_on_machine_at or i.detected_at
 
 
 def incident_summary(i: stats.Incident) -> str:
-    """One incident in a sentence (feed entries): when, how long until back, which step."""
+    """One incident in a sentence (feed entries): when, how long until back (both figures,
+    from the loss), which step."""
     parts = [f"Detected {i.detected_at:%Y-%m-%d %H:%M %Z}: {i.cause_label}."]
-    if i.back_on_machine_at:
-        parts.append(f"Back on a machine after {duration(span(i, i.back_on_machine_at))}.")
-    if i.running_again_at:
+    if i.back_on_machine_s is not None:
+        parts.append(f"Back on a machine after {duration(i.back_on_machine_s)}.")
+    if i.training_again_s is not None:
         parts.append(
-            f"Training running again after {duration(span(i, i.running_again_at))}, "
+            f"Training again after {duration(i.training_again_s)}, "
             f"resumed from step {i.resumed_step}."
         )
     elif i.outcome == "cancelled":
         parts.append("The job was cancelled before it recovered.")
+    elif i.outcome == "resumed":
+        parts.append("Waiting for the first training step.")
     else:
         parts.append("Still recovering.")
     return " ".join(parts)
-
-
-def span(i: stats.Incident, until: datetime) -> float:
-    return (until - i.detected_at).total_seconds()

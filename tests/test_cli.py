@@ -340,6 +340,33 @@ def test_logs_follow_prints_new_lines_as_they_arrive_until_the_job_ends(live_ser
     assert follower.lines == ["step 1", "step 2", "step 3", "step 4", "done"]
 
 
+def test_logs_follow_marks_a_host_that_changed_between_two_polls(live_server, token, cast):
+    job = JobFactory(team=cast.team_a, state="running")
+    first, _ = make_attempt(job, state="running", log_tail="a1 line 1\na1 line 2\na1 line 3")
+    follower = Follower(live_server.url, token, "logs", str(job.pk), "-f")
+    follower.wait_for("a1 line 2")
+    Attempt.objects.filter(pk=first.pk).update(state="ended")  # its last line settles
+    follower.wait_for("a1 line 3")
+
+    # Its replacement logs: the next poll's lines are all the new host's, and the marker must
+    # still come first (it used to be printed only for a change inside one poll's lines).
+    make_attempt(job, number=2, state="running", log_tail="a2 line 1\na2 line 2\na2 line 3")
+    follower.wait_for("a2 line 2")
+    Attempt.objects.filter(job=job).update(state="ended")
+    move(job, JobState.SUCCEEDED, "finished")
+
+    assert follower.finish() == 0
+    assert follower.lines == [
+        "a1 line 1",
+        "a1 line 2",
+        "a1 line 3",
+        "[nomadgpu] --- host of attempt 2 ---",
+        "a2 line 1",
+        "a2 line 2",
+        "a2 line 3",
+    ]
+
+
 class FakeTerminal(io.StringIO):
     def isatty(self) -> bool:
         return True

@@ -15,7 +15,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from jobs import lifecycle
-from jobs.models import Interruption, Job, JobEvent
+from jobs.models import Attempt, Interruption, Job, JobEvent
 from notify import messages, outbox, tasks
 from notify.models import Channel, Delivery, DeliveryState
 from notify.transports import sign, telegram_payload
@@ -388,7 +388,7 @@ def test_messages_go_out_per_channel_in_event_order_even_after_a_retry(telegram)
 
     assert [m.text.split(" · ")[0] for m in telegram.messages] == [
         "⚠️ <b>Host lost</b>",
-        "✅ <b>Running again</b>",
+        "✅ <b>Training again</b>",
     ]
 
 
@@ -548,8 +548,10 @@ def test_an_unreachable_webhook_is_retried():
 
 @pytest.fixture
 def recovered_job(db):
-    """A job that lost its host at step 150 (checkpoint 100) and ran again 5 min later on an
-    RTX 4090 at $0.35/h, resumed from step 100."""
+    """A job that lost its host at step 150 (checkpoint 100; its last heartbeat 31 s before the
+    detection) and ran again 5 min 3 s after the detection on an RTX 4090 at $0.35/h, resumed
+    from step 100, its first step 27 s later: back on a machine 5 min 34 s after the loss,
+    training again 6 min 1 s after it."""
     lost_at = timezone.now() - timedelta(minutes=30)
     job = JobFactory(
         name="qwen-7b-qlora", total_steps=300, created_at=lost_at - timedelta(minutes=25)
@@ -578,6 +580,9 @@ def recovered_job(db):
         registered_at=lost_at + timedelta(minutes=3),
     )
     lifecycle.mark_running(second, now=lost_at + timedelta(minutes=5, seconds=3))
+    first_step = lost_at + timedelta(minutes=5, seconds=30)
+    Attempt.objects.filter(pk=second.pk).update(first_step_at=first_step)
+    lifecycle.mark_training_again(second.pk, now=first_step)
     return job
 
 
@@ -610,14 +615,18 @@ def test_running_again_past_the_step_reached_says_the_checkpoint_came_after_the_
     )
 
 
-def test_running_again_says_downtime_resumed_step_and_new_price(recovered_job, site):
+def test_running_again_says_both_figures_resumed_step_and_new_price(recovered_job, site):
     message = message_for(recovered_job, "running_again")
 
-    assert "Downtime: 5 min 3 s" in message.text
+    assert message.text.splitlines()[0] == "✅ Training again · qwen-7b-qlora"
+    assert (
+        "Training again after 6 min 1 s (back on a machine after 5 min 34 s), from the loss"
+        in message.text
+    )
     assert "Resumed from step 100 (reached 150 before the loss)" in message.text
     assert "New host: RTX 4090 at $0.350/h" in message.text
     assert f"{site}/jobs/{recovered_job.pk}/" in message.text
-    assert message.data["downtime_s"] == 303
+    assert (message.data["back_on_machine_s"], message.data["training_again_s"]) == (334, 361)
     assert message.data["price_usd_per_hour"] == 0.35
 
 

@@ -234,6 +234,7 @@ def test_job_page_shows_timeline_with_detection_and_recovery_times(member_client
         detected_at=detected,
         replacement_rented_at=detected + timedelta(seconds=20),
         running_again_at=detected + timedelta(seconds=95),
+        training_again_at=detected + timedelta(seconds=120),
         resumed_step=100,
     )
     JobEventFactory(job=job, kind="host_lost", message="host lost", created_at=detected)
@@ -242,7 +243,12 @@ def test_job_page_shows_timeline_with_detection_and_recovery_times(member_client
 
     assert "host lost" in html
     assert "12 s after the last heartbeat" in html
-    assert "95 s after detection, resumed from step 100" in html
+    # Both figures from the loss (the last heartbeat): 107 s and 132 s.
+    assert "<dt>Back on a machine</dt>" in html
+    assert "after 1 min 47 s (" in html
+    assert "resumed from step 100" in html
+    assert "<dt>Training again</dt>" in html
+    assert "after 2 min 12 s (" in html
     assert "step 120 loss 0.4321" in html  # log tail
 
 

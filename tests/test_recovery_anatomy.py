@@ -357,7 +357,7 @@ def test_the_job_page_shows_each_interruption_as_a_stacked_bar_with_the_lost_wor
     html = client.get(reverse("job-detail", args=[job.id])).content.decode()
 
     assert 'class="phase-track"' in html
-    assert "Where the downtime went: 3 min 40 s in all" in html
+    assert "Where the 3 min 40 s until training again went" in html
     assert "Provider start-up <strong>1 min 30 s</strong>" in html
     assert "Checkpoint download <strong>40 s</strong>" in html
     assert 'class="phase phase-detection" style="width:13.64%"' in html  # 30 of 220 s
@@ -409,11 +409,11 @@ def test_the_status_page_shows_the_phases_median_and_p90_without_job_details(cli
     assert "$" not in phases
 
 
-def test_the_status_json_carries_the_phases_under_version_2(client, public_team):
+def test_the_status_json_carries_the_phases_since_version_2(client, public_team):
     with time_machine.travel(at(3600), tick=False):
         body = client.get("/status/anat-lab.json").json()
 
-    assert body["version"] == 2
+    assert body["version"] == 3
     assert body["detection_s"] == {"count": 1, "median": 30.0, "p90": 30.0}  # version 1 kept
     phases = body["recovery_phases_s"]
     assert list(phases) == [key for key, _ in anatomy.PHASES]

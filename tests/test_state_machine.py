@@ -99,7 +99,9 @@ def test_running_again_closes_the_interruption_with_the_resumed_step(monkeypatch
     assert job.state == JobState.RUNNING
     assert interruption.resumed_step == 100
     assert interruption.running_again_at == NOW + timedelta(minutes=5)
-    assert job.events.filter(kind="running_again").exists()
+    assert job.events.filter(kind="back_on_machine").exists()
+    assert interruption.training_again_at is None  # until its first step
+    assert not job.events.filter(kind="running_again").exists()
 
 
 def test_a_nonzero_exit_fails_the_job_and_rents_nothing(monkeypatch):

@@ -76,8 +76,9 @@ def interrupt(job, number: int, detected_at: datetime, **fields) -> Interruption
 
 @pytest.fixture
 def public(db):
-    """An opted-in team (Berlin time) with three interruptions over the last week:
-    back on a machine after 1 and 8 minutes, and one cancelled before recovery."""
+    """An opted-in team (Berlin time) with three interruptions over the last week: back on a
+    machine 1 and 8 minutes after the loss (the last heartbeat, 30 s before the detection),
+    training again 5 minutes after that, and one cancelled before recovery."""
     team = TeamFactory(
         name="Open Lab", slug="open-lab", time_zone="Europe/Berlin", public_status_page=True
     )
@@ -96,8 +97,9 @@ def public(db):
             number,
             detected,
             last_heartbeat_at=detected - timedelta(seconds=30),
-            replacement_rented_at=detected + timedelta(seconds=back_s),
-            running_again_at=detected + timedelta(seconds=back_s + 300),
+            replacement_rented_at=detected + timedelta(seconds=10),
+            running_again_at=detected + timedelta(seconds=back_s - 30),
+            training_again_at=detected + timedelta(seconds=back_s - 30 + 300),
             step_reached=180,
             resumed_step=100 * number,
         )
@@ -128,6 +130,8 @@ def test_the_page_shows_the_numbers_the_chart_and_the_history(client, public, fr
     assert 'id="n-cancelled">1<' in html
     assert 'id="n-back-median">1 min<' in html
     assert 'id="n-back-p90">8 min<' in html
+    assert 'id="n-training-median">6 min<' in html
+    assert 'id="n-training-p90">13 min<' in html
     assert 'id="n-detection-median">30 s<' in html
     assert 'id="n-running-now">1<' in html
     assert html.count('<rect class="bar"') == 30
@@ -156,7 +160,7 @@ def test_the_json_is_versioned_and_complete(client, public, frozen):
     assert response.status_code == 200
     assert response["Content-Type"] == "application/json"
     body = response.json()
-    assert body["version"] == 2  # 2 added recovery_phases_s; the version-1 keys stay
+    assert body["version"] == 3  # 3: the two figures from the loss; the version-2 keys stay
     assert body["team"] == {"slug": "open-lab", "name": "Open Lab"}
     assert body["time_zone"] == "Europe/Berlin"
     assert body["generated_at"] == "2026-11-29T13:00:00+01:00"
@@ -165,18 +169,24 @@ def test_the_json_is_versioned_and_complete(client, public, frozen):
     assert body["recovering"] == 0
     assert body["percentile_method"] == "nearest-rank"
     assert body["back_on_machine_s"] == {"count": 2, "median": 60.0, "p90": 480.0}
-    assert body["running_again_s"] == {"count": 2, "median": 360.0, "p90": 780.0}
+    assert body["training_again_s"] == {"count": 2, "median": 360.0, "p90": 780.0}
+    assert body["running_again_s"] == body["training_again_s"]  # version 2's name
     assert body["detection_s"] == {"count": 2, "median": 30.0, "p90": 30.0}
     assert body["jobs_running_now"] == 1
     assert len(body["daily"]) == 7
     assert body["daily"][-2] == {"date": "2026-11-28", "interruptions": 1}
     newest = body["incidents"][0]
     assert set(newest) == {
-        "ref", "cause", "cause_label", "outcome", "detected_at", "back_on_machine_at",
+        "ref", "cause", "cause_label", "outcome", "detected_at", "lost_at",
+        "back_on_machine_at", "training_again_at", "back_on_machine_s", "training_again_s",
         "running_again_at", "resumed_step",
     }  # fmt: skip
     assert newest["detected_at"] == "2026-11-28T13:00:00+01:00"
-    assert newest["back_on_machine_at"] == "2026-11-28T13:01:00+01:00"
+    assert newest["lost_at"] == "2026-11-28T12:59:30+01:00"
+    assert newest["back_on_machine_at"] == "2026-11-28T13:00:30+01:00"
+    assert newest["training_again_at"] == "2026-11-28T13:05:30+01:00"
+    assert (newest["back_on_machine_s"], newest["training_again_s"]) == (60.0, 360.0)
+    assert newest["running_again_at"] == newest["back_on_machine_at"]  # version 2's name
     assert (newest["outcome"], newest["resumed_step"]) == ("resumed", 100)
     assert body["incidents"][-1]["outcome"] == "cancelled"
     assert set(body["health"]) == {
@@ -205,20 +215,20 @@ def test_the_atom_feed_lists_the_interruptions(client, public, frozen):
         .startswith("http://testserver/status/open-lab/#incident-")
     )
     summary = first.findtext(f"{ATOM}summary")
-    assert "Back on a machine after 1 min" in summary
-    assert "resumed from step 100" in summary
+    assert "Back on a machine after 1 min." in summary
+    assert "Training again after 6 min, resumed from step 100." in summary
     assert "cancelled before it recovered" in entries[2].findtext(f"{ATOM}summary")
 
 
-def test_the_badge_shows_the_p90_until_running_again(client, public, frozen):
+def test_the_badge_shows_the_p90_until_training_again(client, public, frozen):
     response = client.get("/status/open-lab/badge.svg")
 
-    # The time a user waits (detected -> training again: 360 s and 780 s), not the 1 and 8
-    # minutes until a replacement was rented.
+    # The time a user waits (the loss -> the first step after it: 360 s and 780 s), not the 1
+    # and 8 minutes until a replacement was running.
     assert response.status_code == 200
     assert response["Content-Type"] == "image/svg+xml"
-    assert svg_texts(response.content) == ["running again p90", "13 min"]
-    assert parse_xml(response.content).get("aria-label") == "running again p90: 13 min"
+    assert svg_texts(response.content) == ["training again p90", "13 min"]
+    assert parse_xml(response.content).get("aria-label") == "training again p90: 13 min"
 
 
 def test_a_team_with_nothing_yet_says_so(client, db, frozen):
@@ -226,7 +236,7 @@ def test_a_team_with_nothing_yet_says_so(client, db, frozen):
 
     assert "No interruptions in the last 30 days." in client.get("/status/quiet/").content.decode()
     badge = svg_texts(client.get("/status/quiet/badge.svg").content)
-    assert badge == ["running again p90", "no data"]
+    assert badge == ["training again p90", "no data"]
     assert client.get("/status/quiet.json").json()["back_on_machine_s"]["median"] is None
 
 

@@ -124,3 +124,17 @@ def test_a_host_offline_before_the_agent_ran_is_lost_at_once():
     assert loss.cause == "provider_offline"
     assert loss.since is None
     assert not JobEvent.objects.filter(kind="host_offline").exists()
+
+
+def test_a_drilled_host_that_shows_offline_is_lost_at_once_and_not_on_the_machines_record(
+    settings,
+):
+    settings.HOST_RETURN_CAP_S = 600
+    attempt = running_attempt(drilled_at=NOW - timedelta(seconds=2))  # a fire drill destroyed it
+
+    loss = poll(attempt, "offline", NOW)
+
+    assert loss.cause == "provider_offline"
+    assert not JobEvent.objects.filter(kind="host_offline").exists()  # no waiting for it
+    machine = Machine.objects.get(machine_id=MACHINE)
+    assert (machine.offline_returns, machine.offline_never) == (8, 0)

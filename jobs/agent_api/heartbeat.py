@@ -46,19 +46,23 @@ def record_heartbeat(attempt: Attempt, beat: Heartbeat, *, now: datetime) -> dic
 def _after_store(attempt: Attempt, beat: Heartbeat, *, stored: bool, now: datetime) -> dict:
     """The rest of a heartbeat, decided on ATTEMPT as it was before BEAT: a stall pulls the
     deadline to now (the watchdog's next tick finds it), training reported running moves the
-    job to running, and the loss may be sampled. A stale or repeated beat (not STORED) only
+    job to running, its first step after a loss makes it training again, and the loss may be
+    sampled. A stale or repeated beat (not STORED) only
     gets its answer."""
     if stored:
         if _stalled(attempt, beat, now):
             Attempt.objects.filter(pk=attempt.pk, state__in=ON_HOST_STATES).update(
                 heartbeat_deadline=now
             )
-        if attempt.step is None and beat.step is not None:
+        first_step = attempt.step is None and beat.step is not None
+        if first_step:
             # The first step on this host (an agent that does not report ``first_step``
             # itself is timed by its heartbeat: up to one interval late).
             record_phases(attempt.pk, {"first_step": 0.0}, now=now)
         if attempt.state == AttemptState.STARTING and beat.phase == "running":
             lifecycle.mark_running(attempt, now=now)
+        if first_step:  # after a loss, the job is training again from it
+            lifecycle.mark_training_again(attempt.pk, now=now)
         sample_loss(attempt, beat, now=now)
     # checkpoint_now is delivered once (the store cleared it); stop stays until the agent is gone.
     command = attempt.pending_command or "continue"

@@ -111,6 +111,9 @@ class Attempt(models.Model):
     offline_since = models.DateTimeField(null=True, blank=True)
     offline_s = models.FloatField(default=0)
     resumed_from_step = models.PositiveIntegerField(null=True, blank=True)
+    # A fire drill destroyed this host on purpose (``jobs.drill``): set before the destroy, so
+    # the loss the watchdog finds afterwards is recorded as a drill, never as a real one.
+    drilled_at = models.DateTimeField(null=True, blank=True)
 
     # Written by each heartbeat (one indexed row update); read by the watchdog.
     registered_at = models.DateTimeField(null=True, blank=True)

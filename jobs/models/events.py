@@ -53,9 +53,11 @@ class JobEvent(models.Model):
 
 
 class Interruption(models.Model):
-    """A host lost under a job: when it was last heard, detected, replaced and running again.
+    """A host lost under a job: when it was last heard, detected, replaced, back on a machine
+    and training again (the two figures: ``jobs.recovery_times``).
 
-    Every status-page number comes from these rows.
+    Every status-page number comes from these rows, except a fire drill's (``drill``): a loss
+    caused on purpose stays on the job's timeline and out of every public figure and rate.
     """
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="interruptions")
@@ -65,10 +67,16 @@ class Interruption(models.Model):
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     detected_at = models.DateTimeField()
     replacement_rented_at = models.DateTimeField(null=True, blank=True)
+    # The replacement running (its agent reported the training command started): "back on a
+    # machine". Then its first training step: "training again" (``jobs.recovery_times``).
     running_again_at = models.DateTimeField(null=True, blank=True)
+    training_again_at = models.DateTimeField(null=True, blank=True)
     step_reached = models.PositiveIntegerField(null=True, blank=True)
     resumed_step = models.PositiveIntegerField(null=True, blank=True)
     cancelled_before_recovery = models.BooleanField(default=False)
+    # Caused by a fire drill (``jobs.drill``): the attempt was marked before its host was
+    # destroyed. Kept on the job's timeline; left out of the status page and every rate.
+    drill = models.BooleanField(default=False)
     # The attempt that ran again (set when the interruption closes): its phase boundaries
     # are the recovery's anatomy (``jobs.anatomy.breakdown``).
     replacement = models.ForeignKey(

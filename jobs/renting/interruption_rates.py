@@ -1,14 +1,15 @@
 """The team's interruption rates: how often its rentals were lost per rented hour, by rental
 kind, GPU model and bid margin, over the last ``RATE_HISTORY_DAYS``; what the selection prices
 interruptions with (``selection.PreemptionRates``). Planned moves, cancels and budget pauses
-are not interruptions.
+are not interruptions, and neither is a fire drill (``Interruption.drill``): the host was
+destroyed on purpose, and its rented hours count as hours without a loss.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.db.models import Count, F
+from django.db.models import Count, F, Q
 
 from hosts import selection
 from jobs.models import Attempt
@@ -28,7 +29,7 @@ def preemption_rates(team_id: int, *, now: datetime) -> selection.PreemptionRate
     rented = (
         Attempt.objects.filter(job__team_id=team_id, rented_at__gte=since)
         .exclude(end_reason__in=NOT_PREEMPTIONS)
-        .annotate(lost=Count("interruption") + F("outbids"))
+        .annotate(lost=Count("interruption", filter=Q(interruption__drill=False)) + F("outbids"))
         .values_list("rental", "gpu_name", "bid_margin", "rented_at", "ended_at", "lost")
     )
     seen: dict[tuple[str, str, float], list[float]] = {}

@@ -41,8 +41,9 @@ def offline_loss_unless_waiting(attempt: Attempt, loss: Loss, *, now: datetime) 
     as they now stand, and never past ``HOST_RETURN_CAP_S``), else LOSS, dated from when it
     went offline. The choice and its numbers go on the job's timeline when it is first made
     and when it turns to moving. A host offline before the agent ran moves at once: nothing
-    is on its disk yet that a restart would save."""
-    if attempt.state != AttemptState.RUNNING:
+    is on its disk yet that a restart would save; so does one a fire drill destroyed (it will
+    not come back, and its machine's return history must not count it)."""
+    if attempt.state != AttemptState.RUNNING or attempt.drilled_at is not None:
         return loss
     since = attempt.offline_since or now
     choice = wait_choice_for(attempt, offline_s=(now - since).total_seconds(), now=now)

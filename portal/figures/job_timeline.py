@@ -1,5 +1,6 @@
 """The job page's timeline: the job's events, oldest first, a lost host's with its
-interruption (detection, downtime and where the downtime went)."""
+interruption (detection, back on a machine, training again and where that time went), a fire
+drill's marked as one."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from jobs import anatomy
 from jobs.models import Job
+from jobs.recovery_times import RecoveryTimes, recovery_times
 from nomadgpu.humanize import duration
 
 
@@ -32,12 +34,9 @@ class TimelineEntry:
         return max((i.detected_at - i.last_heartbeat_at).total_seconds(), 0.0)
 
     @property
-    def downtime_s(self) -> float | None:
-        """Seconds from the detection to training running again."""
-        i = self.interruption
-        if i is None or i.running_again_at is None:
-            return None
-        return (i.running_again_at - i.detected_at).total_seconds()
+    def times(self) -> RecoveryTimes | None:
+        """Back on a machine and training again, from the loss (``jobs.recovery_times``)."""
+        return None if self.interruption is None else recovery_times(self.interruption)
 
     @property
     def anatomy(self) -> dict | None:
@@ -50,7 +49,7 @@ class TimelineEntry:
         return {
             **split,
             "pieces": anatomy.segments(split["phases"]),
-            "caption": f"Where the downtime went: {duration(split['total_s'])} in all",
+            "caption": f"Where the {duration(split['total_s'])} until training again went",
             "bar_id": f"anatomy-{self.interruption.pk}",
             "gpu_text": duration(work["gpu_s"]),
         }

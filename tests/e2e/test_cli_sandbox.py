@@ -12,7 +12,9 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from jobs.models import Interruption, Job, JobState
+from jobs.recovery_times import recovery_times
 from nomadgpu import api_tokens
+from nomadgpu.humanize import duration
 from nomadgpu.models import Role
 from tests.support.cli import Follower
 from tests.support.factories import MembershipFactory
@@ -94,9 +96,15 @@ def test_drill_destroys_the_host_and_reports_the_recovery(supervisor, live_serve
     assert "host_lost" in event_kinds(out)
     assert event_kinds(out)[-1] == "running_again"
     interruption = Interruption.objects.get(attempt=first)
-    assert interruption.running_again_at is not None
+    assert interruption.drill
+    assert interruption.training_again_at is not None
     assert f"resumed from step {interruption.resumed_step}" in out
-    assert re.search(r"detected after \d+ s, replacement rented after \d+ s, training again", out)
+    times = recovery_times(interruption)
+    assert (
+        f"back on a machine after {duration(times.back_on_machine_s)}, "
+        f"training again after {duration(times.training_again_s)}" in out
+    )
+    assert "recorded as a fire drill; detected after " in out
     wait_until(
         lambda: supervisor.sandbox.status(first.instance_id) is None,
         timeout=30,
@@ -112,6 +120,10 @@ def test_manage_py_drill_shares_the_destroy_and_prints_the_recovery(supervisor):
     call_command("drill", str(job.pk), "--timeout", "120", stdout=out)
 
     interruption = Interruption.objects.get(attempt=first)
-    assert interruption.running_again_at is not None
+    assert interruption.drill
+    assert interruption.training_again_at is not None
     assert job.events.filter(kind="drill", data__instance_id=first.instance_id).exists()
+    assert f"training again after {duration(recovery_times(interruption).training_again_s)}" in (
+        out.getvalue()
+    )
     assert f"resumed from step {interruption.resumed_step}" in out.getvalue()

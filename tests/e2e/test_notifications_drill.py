@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 SECRET = "drill-secret-0123456789abcdef"
 HEADLINES = {
     "⚠️ <b>Host lost</b>": "host_lost",
-    "✅ <b>Running again</b>": "running_again",
+    "✅ <b>Training again</b>": "running_again",
     "🏁 <b>Job finished</b>": "finished",
 }
 

@@ -4,12 +4,14 @@ from django.core.management.base import BaseCommand, CommandError
 
 from jobs.drill import DrillError, drill_once
 from jobs.models import Job
+from nomadgpu.humanize import duration
 
 
 class Command(BaseCommand):
     help = (
-        "Fire drill: destroy JOB_ID's current host on purpose and print detection, re-rent and "
-        "running-again times and the checkpoint step it resumed from. Needs a worker and beat."
+        "Fire drill: destroy JOB_ID's current host on purpose and print, from the loss, when it "
+        "was detected, back on a machine and training again, and the checkpoint step it "
+        "resumed from. Needs a worker and beat."
     )
 
     def add_arguments(self, parser) -> None:
@@ -27,9 +29,9 @@ class Command(BaseCommand):
             except DrillError as exc:
                 raise CommandError(str(exc)) from exc
             self.stdout.write(
-                f"drill {n}/{times}: detected after {result.detection_s:.1f} s, "
-                f"replacement rented after {result.rented_s:.1f} s, "
-                f"training again after {result.running_again_s:.1f} s, "
-                f"resumed from step {result.resumed_step}"
+                f"drill {n}/{times} (from the loss, the last heartbeat): detected after "
+                f"{duration(result.detection_s)}, back on a machine after "
+                f"{duration(result.back_on_machine_s)}, training again after "
+                f"{duration(result.training_again_s)}, resumed from step {result.resumed_step}"
                 + (f"; {result.resume_note}" if result.resume_note else "")
             )
