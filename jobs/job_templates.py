@@ -44,6 +44,9 @@ def _toy_template() -> dict[str, Any]:
             "image_gb": PYTORCH_IMAGE_GB,
             "model_gb": 0.0,
             "reference_seconds_per_step": 0.2,
+            # GPU-billed time besides the steps: the agent's start, the last upload, the exit
+            # (about 3 s on the sandbox; ProfileSpec's 60 s is a real image's start).
+            "container_start_s": 10.0,
             "checkpoint_every_steps": 50,
             "checkpoint_gb": TOY_CHECKPOINT_GB,
             "upload_gb": 0.00012,  # six checkpoints a run
@@ -81,6 +84,9 @@ def _qlora_tiny_template() -> dict[str, Any]:
             "model_gb": 0.0,
             # Its QLORA_STEP_SECONDS pause and about 0.1 s of CPU work a step.
             "reference_seconds_per_step": 0.3,
+            # The setup's import check and the script's imports of torch and transformers (about
+            # 25 s on a CPU: 50 unpaced steps took 30 s, 4 s of them training), the last upload.
+            "container_start_s": 40.0,
             "checkpoint_every_steps": 25,
             "checkpoint_gb": QLORA_TINY_CHECKPOINT_GB,
             "upload_gb": 0.0031,  # twelve checkpoints a run
