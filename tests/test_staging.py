@@ -6,6 +6,7 @@ real agent laying the files out in the Hugging Face cache for a command that run
 from __future__ import annotations
 
 import hashlib
+import pickle
 import re
 import sys
 from datetime import UTC, datetime, timedelta
@@ -318,6 +319,8 @@ def test_a_transient_fault_is_tried_on_the_documented_schedule_then_fails():
     assert fault.retrying(8, 3) == (
         "stage[0] hf a/b: the Hub is unreachable, retrying in 8 s (attempt 3 of 5)"
     )
+    again = pickle.loads(pickle.dumps(fault))  # noqa: S301 (our own bytes, as Celery may keep it)
+    assert again.sentence == fault.sentence
 
 
 def test_a_refusal_fails_at_once_and_a_retry_after_is_waited_up_to_a_minute():

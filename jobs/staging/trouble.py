@@ -52,6 +52,12 @@ class StageTrouble(Exception):
         self.transient, self.retry_after = transient, retry_after
         super().__init__(self.sentence)
 
+    def __reduce__(self):
+        # Rebuilt with its keywords (an exception pickles its args alone: Celery's result
+        # backend and a retry's log may pickle it).
+        kwargs = {"advice": self.advice, "transient": self.transient}
+        return (_rebuild, (self.label, self.cause, kwargs, self.retry_after))
+
     @property
     def sentence(self) -> str:
         """ "stage[0] hf Qwen/NoSuch: not found on ... (401), ...: check the repo id"."""
@@ -62,6 +68,10 @@ class StageTrouble(Exception):
         """The timeline's line for a retry after ATTEMPT (1-based) failed."""
         head = ": ".join(p for p in (self.label, self.cause) if p)
         return f"{head}, retrying in {_seconds(delay)} s (attempt {attempt} of {attempts()})"
+
+
+def _rebuild(label: str, cause: str, kwargs: dict, retry_after: float | None) -> StageTrouble:
+    return StageTrouble(label, cause, retry_after=retry_after, **kwargs)
 
 
 def attempts() -> int:
