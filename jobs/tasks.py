@@ -17,7 +17,8 @@ from django.utils import timezone
 from hosts.vast import VastClient
 from jobs.checkpoints import records
 from jobs.renting import rent
-from jobs.staging import stage, trouble
+from jobs.staging import stage
+from jobs.staging.trouble import StageTrouble, unexpected
 from jobs.watchdog import passes
 from nomadgpu.models import Team
 
@@ -80,7 +81,7 @@ def stage_job(self, job_id: int, failures: int = 0) -> str:
     except stage.MirrorBusy as exc:
         raise self.retry(exc=exc, countdown=2) from exc
     except Exception as exc:
-        problem = exc if isinstance(exc, trouble.StageTrouble) else trouble.unexpected(exc)
+        problem = exc if isinstance(exc, StageTrouble) else unexpected(exc)
         delay = stage.retry_or_fail(job_id, problem, failures=failures + 1, now=timezone.now())
         if delay is None:
             logger.warning("staging job %s failed: %s", job_id, problem.sentence)
