@@ -12,8 +12,9 @@ of its own speed (``TOY_STEP_SECONDS``), step count, checkpoint size (``TOY_WEIG
 interval, some fetching a "model" through the container's network first, each asking on
 demand for its own GPU model and count (priced ones: the sandbox bills each item to $0.001,
 which on a $0.005 job would be the whole error). Every shape is submitted ``--runs`` times,
-one round after another, the shapes of a round side by side; each job is typed as the toy
-template is (4 s/step on an RTX 4090, a 60 s start, no model), with its image's true size.
+one round after another, the shapes of a round side by side; each job is typed with
+``ProfileSpec``'s defaults (4 s/step on an RTX 4090, a 60 s start, no model), as the toy
+template once was, with its image's true size: the first run is a shape typed wrong.
 
 For each job: the pre-flight estimate at submit (``billing.services.estimate_remaining_usd``,
 what the budget refuses by) and, once every job finished and the sandbox's invoices are
@@ -96,7 +97,13 @@ class Shape:
     model_bytes: int
 
     def command(self) -> str:
-        toy = f"{shlex.quote(sys.executable)} {ROOT / 'examples' / 'toy' / 'train.py'}"
+        # What makes the shape another job is on its command line (a job's env is not part of
+        # its shape, jobs.models.shape_of): its speed, checkpoint size and schedule.
+        knobs = (
+            f"TOY_STEP_SECONDS={self.step_s} TOY_WEIGHTS_KB={self.weights_kb} "
+            f"TOY_CHECKPOINT_EVERY={self.every}"
+        )
+        toy = f"{knobs} {shlex.quote(sys.executable)} {ROOT / 'examples' / 'toy' / 'train.py'}"
         if not self.model_bytes:
             return toy
         # The "model": fetched through the container's (metered) network before training.
@@ -109,12 +116,7 @@ class Shape:
         return f"{shlex.quote(sys.executable)} -c {shlex.quote(fetch)} && {toy}"
 
     def env(self) -> dict[str, str]:
-        return {
-            "TOY_STEPS": str(self.steps),
-            "TOY_STEP_SECONDS": str(self.step_s),
-            "TOY_CHECKPOINT_EVERY": str(self.every),
-            "TOY_WEIGHTS_KB": str(self.weights_kb),
-        }
+        return {"TOY_STEPS": str(self.steps)}
 
     def describe(self) -> str:
         model = f", fetches {self.model_bytes / 1e6:.0f} MB" if self.model_bytes else ""
@@ -192,7 +194,7 @@ def submit(shape: Shape, number: int, team, user) -> Run:
             "disk_gb": 20,
             "rental": "on-demand",  # an interruptible run's outbids are interruptions
         },
-        # The toy template's typed profile, with the image's true size (not learned).
+        # ProfileSpec's defaults (the toy template's profile once), the image's true size.
         profile={"image_gb": image_bytes(IMAGE) / 1024**3, "model_gb": 0.0, "upload_gb": 0.01},
     )
     history = shape_history.history_for(job)

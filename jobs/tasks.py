@@ -18,6 +18,7 @@ from hosts.vast import VastClient
 from jobs.checkpoints import records
 from jobs.renting import rent
 from jobs.staging import stage
+from jobs.staging.trouble import StageTrouble, unexpected
 from jobs.watchdog import passes
 from nomadgpu.models import Team
 
@@ -65,24 +66,24 @@ def sweep_late_uploads() -> int:
     return records.sweep_late_uploads(now=timezone.now())
 
 
+# max_retries None: Celery counts no limit of its own (its default is 3); the tries are bounded
+# by ``trouble.RETRY_DELAYS_S``, and a wait for another job's mirror by its STALE_MIRROR.
 @shared_task(
-    bind=True,
-    ignore_result=True,
-    acks_late=True,
-    reject_on_worker_lost=True,
-    max_retries=settings.STAGE_TASK_RETRIES,
+    bind=True, ignore_result=True, acks_late=True, reject_on_worker_lost=True, max_retries=None
 )
-def stage_job(self, job_id: int) -> str:
+def stage_job(self, job_id: int, failures: int = 0) -> str:
     """Mirror JOB_ID's stage entries and plan its rent (``jobs.staging.stage.stage_job``). Another
-    task mirroring the same entry is waited for; a transport or storage error is retried with
-    backoff, and fails the job (no host rented) once the retries are spent."""
+    task mirroring the same entry is waited for; a refusal fails the job at once, a transient
+    fault is tried again on ``jobs.staging.trouble.RETRY_DELAYS_S`` (FAILURES so far), then
+    fails it (``stage.retry_or_fail``)."""
     try:
         return stage.stage_job(job_id, now=timezone.now())
     except stage.MirrorBusy as exc:
-        raise self.retry(exc=exc, countdown=2, max_retries=None) from exc
+        raise self.retry(exc=exc, countdown=2) from exc
     except Exception as exc:
-        if self.request.retries >= self.max_retries:
-            logger.exception("staging job %s failed for good", job_id)
-            stage.fail_staging(job_id, why=f"{type(exc).__name__}: {exc}", now=timezone.now())
+        problem = exc if isinstance(exc, StageTrouble) else unexpected(exc)
+        delay = stage.retry_or_fail(job_id, problem, failures=failures + 1, now=timezone.now())
+        if delay is None:
+            logger.warning("staging job %s failed: %s", job_id, problem.sentence)
             return stage.FAILED
-        raise self.retry(exc=exc, countdown=min(60, 5 * 2**self.request.retries)) from exc
+        raise self.retry(exc=exc, countdown=delay, args=(job_id, failures + 1), kwargs={}) from exc

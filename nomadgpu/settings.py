@@ -319,10 +319,9 @@ S3_REGION = env("S3_REGION", "auto")
 # A job's packed code folder (``workdir``), before encryption, in MiB: the member API answers 413
 # over it and the portal's form refuses the archive (jobs.code.packs).
 WORKDIR_MAX_MB = envint("WORKDIR_MAX_MB", 200)
-# Staged model weights (jobs.staging): the Hugging Face Hub the worker mirrors repos from, and
-# how often a mirror that failed on the network or storage is tried again before the job fails.
+# Staged model weights (jobs.staging): the Hugging Face Hub the worker mirrors repos from. A
+# network fault is tried again on a fixed schedule (jobs.staging.trouble.RETRY_DELAYS_S).
 HF_ENDPOINT = env("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
-STAGE_TASK_RETRIES = envint("STAGE_TASK_RETRIES", 5)
 # A staging job none of whose mirrors moved for this long has its task sent again by the
 # watchdog (a lost message); tests shorten it.
 STAGE_NUDGE_AFTER_S = envint("STAGE_NUDGE_AFTER_S", 60)

@@ -63,6 +63,8 @@ def print_job(job: dict) -> None:
         ),
         ("interruptions", job["interruptions"]),
     ]
+    if job.get("stage"):  # staged model files: what the staging does now, or did
+        rows.insert(2, ("model files", job["stage"]["text"]))
     for name, value in rows:
         print(f"{name:>14}: {value}")
     for i in job["interruption_list"]:

@@ -184,7 +184,9 @@ class JobDetailOut(JobOut):
     interruption_list: list[InterruptionOut]
     stage: dict[str, Any] | None = Field(
         description="the staged model files (jobs.staging): state (staging, ready, failed),"
-        " files_done/files_total, bytes_done/bytes_total, text; null when the job stages nothing"
+        " files_done/files_total, bytes_done/bytes_total, doing (what the staging task said"
+        ' last: "resolving stage[0] hf ORG/NAME", a retry), text (as the job page writes it);'
+        " null when the job stages nothing"
     )
     start_deadline: StartDeadlineOut | None = Field(
         None,

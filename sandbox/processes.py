@@ -20,6 +20,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from sandbox import instance_python
+
 # How often a watcher looks for the group's last process.
 POLL_S = 0.05
 # Variables of the sandbox's own environment an instance inherits (a container has few).
@@ -54,9 +56,12 @@ def instance_env(
     env = {k: os.environ[k] for k in PASSTHROUGH if k in os.environ}
     # Port maps and other docker flags travel in the env dict as "-p 8000:8000": not variables.
     env.update({k: str(v) for k, v in user_env.items() if k and not k.startswith("-")})
-    # The venv's python comes before the system's: the "image" here is this machine.
+    # The "image" here is this machine: the instance's own venv (instance_python) comes first,
+    # so `python` and `pip` install into it, then the sandbox's interpreter and the system's.
     base_path = env.get("PATH", "/usr/local/bin:/usr/bin:/bin")
-    env["PATH"] = f"{scratch / 'bin'}:{Path(sys.executable).parent}:{base_path}"
+    own = instance_python.bin_dir(scratch)
+    env["PATH"] = f"{scratch / 'bin'}:{own}:{Path(sys.executable).parent}:{base_path}"
+    env["VIRTUAL_ENV"] = str(own.parent)
     env.setdefault("HOME", str(scratch))
     env.update(
         CONTAINER_ID=str(instance_id),
@@ -165,7 +170,9 @@ class Processes:
         self.lock = threading.Lock()
 
     def start(self, instance_id: int, scratch: Path, env: dict[str, str]) -> int:
-        """Run ``bash onstart.sh`` in the scratch folder; returns the process group id."""
+        """Run ``bash onstart.sh`` in the scratch folder (its Python made on the first start,
+        ``instance_python``); returns the process group id."""
+        instance_python.ensure(scratch)
         token = uuid.uuid4().hex
         with (scratch / "onstart.log").open("ab") as log:
             proc = subprocess.Popen(

@@ -1,7 +1,7 @@
 """The ready-made jobs (``jobs.job_templates.JOB_TEMPLATES``, the portal's "start from" menu and
 ``nomadgpu submit --template``) and ``examples/qlora/job.toml`` are jobs that can run: valid
 specs, and, for the ones the sandbox runs, a command that names a script of this checkout and
-this interpreter."""
+the instance's ``python``, and a profile typed from what the job really does."""
 
 from __future__ import annotations
 
@@ -16,11 +16,13 @@ import pytest
 from django.conf import settings
 from django.urls import reverse
 
+from agent.checkpoints.pack import plan_tar
 from jobs.job_templates import JOB_TEMPLATES, template_spec
 from jobs.models import Job
 from jobs.spec import JobSpec
 from nomadgpu_cli.pack import pack_folder
 from portal.forms import spec_to_initial
+from sandbox.timing import image_bytes
 
 QLORA = settings.BASE_DIR / "examples" / "qlora"
 SANDBOX_RUNNABLE = ["toy", "qlora-tiny"]
@@ -37,10 +39,12 @@ def test_every_template_validates_as_a_job_spec(name):
 
 
 @pytest.mark.parametrize("name", SANDBOX_RUNNABLE)
-def test_a_sandbox_template_runs_a_script_of_this_checkout_with_this_interpreter(name):
+def test_a_sandbox_template_runs_a_script_of_this_checkout_with_the_instances_python(name):
+    # `python`, as on a real host: in the sandbox the instance's own venv, never the portal's
+    # interpreter by its path (tests/test_sandbox_instance_python.py).
     python, script, *_ = command_line(template_spec(name))
 
-    assert python == sys.executable
+    assert python == "python"
     assert Path(script).is_file()
     assert Path(script).is_relative_to(settings.BASE_DIR)
 
@@ -48,7 +52,8 @@ def test_a_sandbox_template_runs_a_script_of_this_checkout_with_this_interpreter
 def test_the_tiny_qlora_template_installs_the_hf_packages_only_where_they_are_missing():
     spec = template_spec("qlora-tiny")
     check, _, install = spec["setup"].partition(" || ")
-    assert check.startswith(f"{shlex.quote(sys.executable)} -c ")
+    assert check.startswith("python -c ")
+    assert shlex.split(install)[:4] == ["python", "-m", "pip", "install"]
     assert "import torch, transformers, peft, accelerate" in check
     packages = Path(shlex.split(install)[-1])
     assert packages == settings.BASE_DIR / "requirements-hf.txt"
@@ -123,3 +128,25 @@ def test_the_tiny_template_submits_through_the_portal_form_as_it_is(client, cast
     assert (job.name, job.setup) == ("qlora-tiny", template_spec("qlora-tiny")["setup"])
     assert job.command.endswith("examples/qlora/train.py --tiny")
     assert job.env["QLORA_STEP_SECONDS"] == "0.2"
+
+
+def test_the_toy_template_types_what_the_toy_does(tmp_path):
+    # The issue's first estimate was 4x-20x off because the toy was typed at ProfileSpec's 4 s.
+    spec = template_spec("toy")
+    profile, env = spec["profile"], spec["env"]
+    done = subprocess.run(
+        [sys.executable, str(settings.BASE_DIR / "examples" / "toy" / "train.py")],
+        env={"PYTHONPATH": str(settings.BASE_DIR), **env, "TOY_STEP_SECONDS": "0",
+             "NOMAD_CHECKPOINT_DIR": str(tmp_path)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    checkpoints = sorted(tmp_path.iterdir())
+
+    assert profile["reference_seconds_per_step"] == float(env["TOY_STEP_SECONDS"])
+    assert profile["checkpoint_every_steps"] == int(env["TOY_CHECKPOINT_EVERY"])
+    assert len(checkpoints) == spec["total_steps"] // profile["checkpoint_every_steps"]
+    packed_gb = plan_tar(checkpoints[-1]).size / 1024**3
+    assert profile["checkpoint_gb"] == pytest.approx(packed_gb, rel=0.1)
+    assert profile["upload_gb"] == pytest.approx(len(checkpoints) * packed_gb, rel=0.1)
+    assert profile["image_gb"] == pytest.approx(image_bytes(spec["image"]) / 1024**3, rel=0.01)

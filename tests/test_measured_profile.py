@@ -23,6 +23,7 @@ from jobs.models import Job
 from jobs.renting import corrections, reference, rent, shape_history, terms
 from jobs.spec import JobSpec, ProfileSpec, RequirementsSpec
 from jobs.spending import BudgetExceeded
+from portal import figures
 from portal.forms import spec_to_initial
 from tests.support.factories import CheckpointFactory, JobFactory, make_attempt
 from tests.support.sandbox import DEFAULT_KEY, market_offers
@@ -51,10 +52,12 @@ def toy(team, **fields) -> Job:
     return JobFactory(team=team, **{**defaults, **fields})
 
 
-def finished_run(team, *, spp=0.2, steps=300, start_s=8.0, pull_s=2.0, **attempt_fields):
-    """A toy job that trained STEPS at SPP s/step on one host and finished: container up
-    PULL_S after the rent, and START_S of GPU time besides the steps."""
-    job = toy(team, state="succeeded", total_steps=steps)
+def finished_run(
+    team, *, spp=0.2, steps=300, start_s=8.0, pull_s=2.0, job_env=None, **attempt_fields
+):
+    """A toy job (with JOB_ENV, else the toy's) that trained STEPS at SPP s/step on one host and
+    finished: container up PULL_S after the rent, and START_S of GPU time besides the steps."""
+    job = toy(team, state="succeeded", total_steps=steps, env=dict(job_env or TOY_ENV))
     up = T0 + timedelta(seconds=pull_s)
     fields = {
         "machine_id": 16018,
@@ -309,13 +312,39 @@ def test_another_teams_runs_never_count(cast):
 
 @pytest.mark.parametrize(
     "change",
-    [{"env": {**TOY_ENV, "TOY_STEP_SECONDS": "4"}}, {"name": "toy-2"}, {"command": "python b.py"}],
+    [
+        {"command": "python b.py"},
+        {"image": "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"},
+        {"setup": "pip install x"},
+    ],
+    ids=["command", "image", "setup"],
 )
-def test_a_changed_job_is_another_shape(cast, change):
+def test_another_program_is_another_shape(cast, change):
+    # (Another GPU count is the same job's shape at that count: tests/test_several_gpus_cost.py.)
     finished_run(cast.team_a, spp=0.2)
     other = toy(cast.team_a, **change)
 
     assert terms.profile_for(other) == terms.typed_profile_for(other)
+
+
+def test_two_jobs_differing_only_in_name_and_env_share_a_shape(cast):
+    finished_run(cast.team_a, spp=0.2)
+    renamed = toy(cast.team_a, name="toy, second try", env={**TOY_ENV, "TOY_SEED": "7"})
+
+    assert renamed.shape == toy(cast.team_a).shape
+    assert terms.profile_for(renamed).reference_seconds_per_step == pytest.approx(0.2)
+
+
+def test_a_changed_env_is_followed_by_the_median_of_the_newest_runs(cast):
+    # A slower batch size (TOY_STEP_SECONDS here) is the same shape: its runs outvote the old.
+    for _ in range(2):
+        finished_run(cast.team_a, spp=0.2)
+    for _ in range(3):
+        finished_run(cast.team_a, spp=0.4, job_env={**TOY_ENV, "TOY_STEP_SECONDS": "0.4"})
+
+    later = toy(cast.team_a, env={**TOY_ENV, "TOY_STEP_SECONDS": "0.4"})
+
+    assert terms.profile_for(later).reference_seconds_per_step == pytest.approx(0.4)
 
 
 def test_the_steps_and_the_typed_profile_do_not_change_the_shape(cast):
@@ -437,7 +466,26 @@ def test_the_preview_of_a_shape_never_run_says_every_figure_was_typed(
 
     assert reply.context["estimate_figures"]
     assert all(line.source == "typed" for line in reply.context["estimate_figures"])
-    assert "(measured" not in reply.content.decode()
+    html = reply.content.decode()
+    assert "(measured" not in html
+    # The host in words, with the price the setting gives: never the setting's name.
+    assert "a reference RTX 4090 at $0.400/h, free traffic" in html
+    assert "BUDGET_ESTIMATE_DPH" not in html
+
+
+def test_the_reference_host_is_named_with_its_price_per_gpu_and_in_all(cast, settings):
+    settings.BUDGET_ESTIMATE_DPH = 0.5
+    one, four = toy(cast.team_a), toy(cast.team_a, requirements={**RTX_4090, "num_gpus": 4})
+
+    lines = [{f.figure: f for f in figures.estimate_figures(job)} for job in (one, four)]
+
+    assert lines[0]["Host for the estimate"].value == (
+        "a reference RTX 4090 at $0.500/h, free traffic"
+    )
+    assert lines[1]["Host for the estimate"].value == (
+        "4 reference RTX 4090 at $0.500/h each ($2.00/h), free traffic"
+    )
+    assert lines[1]["Host for the estimate"].source == "typed"
 
 
 def test_a_measured_start_up_prices_an_interruptions_rework_too():
@@ -459,7 +507,7 @@ def test_a_measured_start_up_prices_an_interruptions_rework_too():
 
 
 def test_the_migration_gives_existing_jobs_the_shape_save_gives_new_ones(cast):
-    migration = importlib.import_module("jobs.migrations.0016_job_shape")
+    migration = importlib.import_module("jobs.migrations.0021_shape_without_name_and_env")
     job = toy(cast.team_a, setup="pip install x", requirements={**RTX_4090, "num_gpus": 2})
 
     assert migration._shape(job) == job.shape

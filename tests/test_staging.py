@@ -6,7 +6,11 @@ real agent laying the files out in the Hugging Face cache for a command that run
 from __future__ import annotations
 
 import hashlib
+import pickle
+import re
 import sys
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 
 import pytest
 from django.utils import timezone
@@ -14,7 +18,7 @@ from django.utils import timezone
 from jobs import job_templates, spec
 from jobs.models import Attempt, Job, JobEvent, JobState, StagedObject
 from jobs.renting import terms
-from jobs.staging import stage
+from jobs.staging import resolve, stage, trouble
 from nomadgpu.storage import object_store
 from tests.support import hub_fake
 from tests.support.factories import (
@@ -35,6 +39,7 @@ from tests.support.staging import (
     WEIGHTS,
     run_agent,
     staged_job,
+    tiny_repo,
 )
 
 
@@ -170,14 +175,18 @@ def test_a_second_job_with_the_same_entry_reuses_the_mirror(
 @pytest.mark.parametrize(
     ("entry", "words"),
     [
-        ({"hf": "org/no-such-model"}, "org/no-such-model does not exist on"),
-        ({"hf": TINY, "revision": "v9"}, "has no revision 'v9'"),
-        ({"hf": TINY, "files": ["*.gguf"]}, "has no file matching *.gguf"),
-        ({"hf": GATED}, "add HF_TOKEN (a token of an account that accepted its terms)"),
+        ({"hf": "org/no-such-model"}, "stage[1] hf org/no-such-model: not found on {url} (401)"),
+        ({"hf": TINY, "revision": "v9"}, f"stage[1] hf {TINY}: has no revision 'v9' (404)"),
+        ({"hf": TINY, "files": ["*.gguf"]}, f"stage[1] hf {TINY}: has no file matching *.gguf"),
+        (
+            {"hf": GATED},
+            f"stage[1] hf {GATED}: gated (401): add HF_TOKEN (a token of an account that "
+            "accepted its terms)",
+        ),
     ],
     ids=["missing-repo", "missing-revision", "no-matching-file", "gated-without-token"],
 )
-def test_an_entry_that_cannot_be_staged_fails_the_job_before_any_rent(
+def test_an_entry_that_cannot_be_staged_fails_the_job_at_once_before_any_rent(
     hub, local_storage, celery_worker_thread, entry, words
 ):
     job = submit(TeamFactory(), TINY_ENTRY, entry)
@@ -185,9 +194,183 @@ def test_an_entry_that_cannot_be_staged_fails_the_job_before_any_rent(
     job = wait_stage_state(job, "failed")
 
     assert job.state == JobState.FAILED
-    assert words in job.failure_reason
-    assert job.failure_reason.startswith("staging: ")
+    assert job.failure_reason.startswith("staging: " + words.format(url=hub.url))
     assert not Attempt.objects.filter(job=job).exists()
+    assert not job.events.filter(kind="staging_retry").exists()  # a refusal is not retried
+
+
+@pytest.fixture
+def quick_retries(monkeypatch):
+    """The retry schedule at a tenth of its 2, 4, 8, 16 s (the worker runs in this process)."""
+    monkeypatch.setattr(trouble, "RETRY_DELAYS_S", (0.2, 0.4, 0.8, 1.6))
+
+
+def retries(job: Job) -> list[str]:
+    return list(job.events.filter(kind="staging_retry").values_list("message", flat=True))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_repo_that_does_not_exist_fails_at_once_naming_the_entry_and_what_to_check(
+    hub, local_storage, celery_worker_thread
+):
+    job = submit(TeamFactory(), {"hf": "Qwen/NoSuch"})
+
+    job = wait_stage_state(job, "failed")
+
+    assert job.failure_reason == (
+        f"staging: stage[0] hf Qwen/NoSuch: not found on {hub.url} (401), or private: check the"
+        " repo id and revision; for a private repo add HF_TOKEN to the team's secrets and name"
+        " it in the job's secrets"
+    )
+    kinds = list(job.events.values_list("kind", "message"))
+    assert ("staging", "resolving stage[0] hf Qwen/NoSuch") in kinds
+    assert retries(job) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_hub_that_refuses_connections_is_tried_again_and_the_timeline_names_each_retry(
+    settings, local_storage, sandbox, quick_retries, celery_worker_thread
+):
+    settings.VAST_URL, settings.VAST_API_KEY = sandbox.url, "sandbox-key"
+    fake = hub_fake.FakeHub(repos={TINY: tiny_repo()})
+    with hub_fake.running(fake, refusing=True):
+        settings.HF_ENDPOINT = fake.url
+        job = submit(TeamFactory(), TINY_ENTRY)
+        wait_until(lambda: len(retries(job)) >= 2, timeout=30, what="two refused tries")
+        fake.listen()
+
+        job = wait_stage_state(job, "ready")
+
+    seen = retries(job)
+    refused = f"stage[0] hf {TINY}: the Hub is unreachable from the worker (connection refused)"
+    assert seen[:2] == [
+        f"{refused}, retrying in 0.2 s (attempt 1 of 5)",
+        f"{refused}, retrying in 0.4 s (attempt 2 of 5)",
+    ]
+    assert len(seen) <= 4  # it answered before the tries were spent
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_hub_whose_name_does_not_resolve_fails_with_the_dns_sentence_after_the_retries(
+    settings, local_storage, quick_retries, celery_worker_thread
+):
+    settings.HF_ENDPOINT = "http://hub.nomadgpu.invalid"  # RFC 6761: never resolves
+
+    job = wait_stage_state(submit(TeamFactory(), TINY_ENTRY), "failed")
+
+    dns = f"staging: stage[0] hf {TINY}: the Hub is unreachable from the worker (DNS: "
+    assert job.failure_reason.startswith(dns), job.failure_reason
+    assert job.failure_reason.endswith("): check the worker's network")
+    attempts = [re.search(r"\(attempt (\d) of 5\)$", m).group(1) for m in retries(job)]
+    assert attempts == ["1", "2", "3", "4"]
+    assert "retrying in 1.6 s (attempt 4 of 5)" in retries(job)[-1]
+    assert not Attempt.objects.filter(job=job).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("status", "words"),
+    [
+        (503, "the Hub answered 503, a fault on its side, retrying in 0.2 s (attempt 1 of 5)"),
+        (
+            429,
+            "the Hub is rate-limiting the worker (429, asking to wait 1 s), retrying in 1 s"
+            " (attempt 1 of 5)",
+        ),
+    ],
+    ids=["fault", "rate-limited"],
+)
+def test_a_fault_of_the_hub_is_tried_again(
+    hub, local_storage, settings, sandbox, quick_retries, celery_worker_thread, status, words
+):
+    settings.VAST_URL, settings.VAST_API_KEY = sandbox.url, "sandbox-key"
+    hub.fail_next.append(status)
+
+    job = wait_stage_state(submit(TeamFactory(), TINY_ENTRY), "ready")
+
+    assert retries(job) == [f"stage[0] hf {TINY}: {words}"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_hub_whose_certificate_the_worker_does_not_trust_fails_at_once(
+    settings, local_storage, celery_worker_thread
+):
+    with hub_fake.running(hub_fake.FakeHub(repos={TINY: tiny_repo()}), self_signed=True) as fake:
+        settings.HF_ENDPOINT = fake.url
+
+        job = wait_stage_state(submit(TeamFactory(), TINY_ENTRY), "failed")
+
+    assert job.failure_reason.startswith(
+        f"staging: stage[0] hf {TINY}: the worker does not trust the Hub's TLS certificate ("
+    )
+    assert job.failure_reason.endswith(
+        "): check the worker's CA certificates (SSL_CERT_FILE) and any proxy in between"
+    )
+    assert retries(job) == []
+
+
+def test_a_transient_fault_is_tried_on_the_documented_schedule_then_fails():
+    fault = trouble.StageTrouble("stage[0] hf a/b", "the Hub is unreachable", transient=True)
+
+    delays = [trouble.retry_delay(fault, failures=n) for n in range(1, 6)]
+
+    assert delays == [2, 4, 8, 16, None]  # five tries over 30 s
+    assert trouble.attempts() == 5
+    assert fault.retrying(8, 3) == (
+        "stage[0] hf a/b: the Hub is unreachable, retrying in 8 s (attempt 3 of 5)"
+    )
+    again = pickle.loads(pickle.dumps(fault))  # noqa: S301 (our own bytes, as Celery may keep it)
+    assert again.sentence == fault.sentence
+
+
+def test_a_refusal_fails_at_once_and_a_retry_after_is_waited_up_to_a_minute():
+    refusal = trouble.StageTrouble("stage[0] hf a/b", "not found", transient=False)
+    slow = trouble.StageTrouble("", "429", transient=True, retry_after=5)
+    later = trouble.StageTrouble("", "429", transient=True, retry_after=3600)
+
+    assert trouble.retry_delay(refusal, failures=1) is None
+    assert trouble.retry_delay(slow, failures=1) == 5  # more than the schedule's 2 s
+    assert trouble.retry_delay(slow, failures=3) == 8
+    assert trouble.retry_delay(later, failures=1) is None  # an hour: out of this job's reach
+
+
+def test_a_retry_after_reads_seconds_and_http_dates():
+    in_a_minute = format_datetime(datetime.now(UTC) + timedelta(seconds=60), usegmt=True)
+
+    assert resolve.retry_after_s("7") == 7
+    assert resolve.retry_after_s(in_a_minute) == pytest.approx(60, abs=2)
+    assert resolve.retry_after_s("soon") is None
+    assert resolve.retry_after_s(None) is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_page_the_api_and_the_cli_say_what_the_staging_does_from_its_start(
+    settings, local_storage, celery_worker_thread, cast, client, live_server, capsys
+):
+    from nomadgpu import api_tokens
+    from nomadgpu_cli import cli
+
+    client.force_login(cast.member)
+    token = api_tokens.create_token(user=cast.member, name="t", now=now())[1]
+    with hub_fake.silent() as url:  # the task waits on the Hub's answer
+        settings.HF_ENDPOINT = url
+        job = submit(cast.team_a, TINY_ENTRY)
+        doing = f"staging: resolving stage[0] hf {TINY} …"
+        page = lambda: client.get(f"/jobs/{job.pk}/").content.decode()  # noqa: E731
+        wait_until(lambda: doing in page(), timeout=30, what="the page to say it resolves")
+        api = client.get(f"/api/jobs/{job.pk}", HTTP_AUTHORIZATION=f"Bearer {token}").json()
+        cli.main(["--url", live_server.url, "--token", token, "status", str(job.pk)])
+
+    assert api["stage"]["text"] == doing
+    assert api["stage"]["doing"] == f"resolving stage[0] hf {TINY}"
+    assert f"   model files: {doing}" in capsys.readouterr().out.splitlines()
+
+
+def test_a_staging_job_whose_task_has_not_started_says_it_waits_for_a_worker(client, cast):
+    job = staging_job(team=cast.team_a)
+    client.force_login(cast.member)
+
+    assert "staging: waiting for a worker" in client.get(f"/jobs/{job.pk}/").content.decode()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -77,17 +77,23 @@ class JobQuerySet(models.QuerySet):
         return self.exclude(state__in=TERMINAL_STATES)
 
 
-def shape_of(
-    *, name: str, image: str, command: str, setup: str, env: dict[str, Any], num_gpus: int
-) -> str:
+def shape_of(*, image: str, command: str, setup: str, num_gpus: int) -> str:
     """The key of a job's *shape*: two jobs of one team with the same key are the same job run
     again, so what the earlier one measured (``jobs.renting.shape_history``) corrects the later
-    one's estimate. The name alone would mix a 0.2 s toy with a 4 s one renamed alike; a digest of
-    the workdir would make every new commit a stranger. So: the name, the image, the command,
-    the setup, the environment (hyperparameters live there) and the number of GPUs (the speed
-    is measured at that count); not the steps (the figures are per step or per host), the
-    code, the requirements' filters or the typed profile."""
-    parts = [name, image, command, setup, sorted((env or {}).items()), int(num_gpus or 1)]
+    one's estimate. The key is the program and the GPUs it runs on: the image, the setup, the
+    command, and the number of GPUs (the speed is measured at that count; the GPU model is not
+    in it, since speeds are kept per model and scaled between them).
+
+    Left out, so that they never reset what was learnt: the name (a label: "toy" and "toy-2"
+    run the same program), the env (a batch size or a learning rate moves the speed a little,
+    and the figures are medians of the newest runs, so they follow such a change within a few
+    runs; env also carries switches that change nothing, such as ``HF_HUB_OFFLINE`` or a W&B
+    project), the steps (the figures are per step or per host), the code (a new commit is the
+    same job), the requirements' filters and the typed profile. A change that really makes
+    another job (another model, twice the sequence length) belongs on the command line or in
+    the image: ``python train.py --model 7b`` is a new shape, estimated as typed until it has
+    run once (docs/budgets-and-costs.md, "Estimates that learn")."""
+    parts = [image, command, setup, int(num_gpus or 1)]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
 
 
@@ -95,19 +101,17 @@ def shape_of(
 MAX_NUM_GPUS = 16
 
 
-def shape_family(
-    *, name: str, image: str, command: str, setup: str, env: dict[str, Any]
-) -> dict[int, str]:
+def shape_family(*, image: str, command: str, setup: str) -> dict[int, str]:
     """``shape_of`` the same job at every GPU count it may ask for, by count: where the speed
     measured at another count is found when none was at the job's own
     (``jobs.renting.shape_history``)."""
     return {
-        n: shape_of(name=name, image=image, command=command, setup=setup, env=env, num_gpus=n)
+        n: shape_of(image=image, command=command, setup=setup, num_gpus=n)
         for n in range(1, MAX_NUM_GPUS + 1)
     }
 
 
-SHAPE_FIELDS = frozenset({"name", "image", "command", "setup", "env", "requirements"})
+SHAPE_FIELDS = frozenset({"image", "command", "setup", "requirements"})
 
 
 class Job(models.Model):
@@ -218,9 +222,7 @@ class Job(models.Model):
         return shape_family(**self._shape_parts())
 
     def _shape_parts(self) -> dict[str, Any]:
-        env = self.env if isinstance(self.env, dict) else {}
-        return {"name": self.name, "image": self.image, "command": self.command,
-                "setup": self.setup, "env": env}  # fmt: skip
+        return {"image": self.image, "command": self.command, "setup": self.setup}
 
     @property
     def storage_prefix(self) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hosts import selection
+from hosts.vast import Offer
 from jobs.rent_decision import RentDecision
 from jobs.renting.measures import GB, Checkpoints, History, HostPaid, Measure, Startup
 from nomadgpu.humanize import money
@@ -56,9 +57,12 @@ class FigureLine:
         return f"{self.how}, {runs}" if self.how else f"measured on {runs}"
 
 
-def figure_lines(typed: selection.JobProfile, history: History) -> list[FigureLine]:
+def figure_lines(
+    typed: selection.JobProfile, history: History, *, reference_host: Offer | None = None
+) -> list[FigureLine]:
     """Each figure of the estimate: measured (its value and number of runs) or typed (TYPED,
-    the profile before correction)."""
+    the profile before correction). REFERENCE_HOST is the host the estimate falls back to
+    (``jobs.renting.reference.reference_offer``), named with its price."""
     used = corrected_profile(typed, history)
     speeds, ckpt, start = history.speeds, history.checkpoints, history.startup
     spp_runs = speeds.runs if speeds.reference(typed.reference_gpu) is not None else 0
@@ -76,17 +80,33 @@ def figure_lines(typed: selection.JobProfile, history: History) -> list[FigureLi
     ]
     if ckpt is not None and ckpt.upload_s is not None:
         lines.append(FigureLine("Checkpoint upload", f"{_number(ckpt.upload_s)} s", ckpt.runs))
-    lines.append(host_line(history))
+    lines.append(host_line(history, typed.reference_gpu, reference_host))
     return lines
 
 
-def host_line(history: History) -> FigureLine:
+def host_line(history: History, gpu: str, reference_host: Offer | None = None) -> FigureLine:
     """Which host the pre-flight prices on (``jobs.renting.reference.reference_cost``), in words."""
     weighed = RentDecision(history.last_decision).candidate_count
     if weighed:
         words = f"the cheapest with these figures of the {weighed} offers the newest rent weighed"
         return FigureLine("Host for the estimate", words, 1)
+    if history.host is None:
+        return FigureLine("Host for the estimate", reference_words(gpu, reference_host))
     return FigureLine("Host for the estimate", _host_words(history.host), _runs(history.host))
+
+
+def reference_words(gpu: str, host: Offer | None) -> str:
+    """The typed reference host in words, with its price: "a reference RTX 4090 at $0.400/h,
+    free traffic" (a setting's name means nothing to the member reading the preview)."""
+    if host is None:
+        return f"a reference {gpu}, free traffic"
+    count = host.num_gpus or 1
+    if count == 1:
+        price = money(host.dph_base, per_hour=True)
+        return f"a reference {host.gpu_name} at {price}, free traffic"
+    each = money(host.dph_base / count, per_hour=True)
+    whole = money(host.dph_base, per_hour=True)
+    return f"{count} reference {host.gpu_name} at {each} each ({whole}), free traffic"
 
 
 def _start_words(used: selection.JobProfile, start: Startup | None) -> str:
@@ -97,9 +117,7 @@ def _start_words(used: selection.JobProfile, start: Startup | None) -> str:
     return f"{_number(start.start_s)} s on the GPU, after a {_number(start.pull_s)} s pull"
 
 
-def _host_words(host: HostPaid | None) -> str:
-    if host is None:
-        return "the reference GPU at BUDGET_ESTIMATE_DPH, free traffic"
+def _host_words(host: HostPaid) -> str:
     return f"{host.gpu_name} at {money(host.dph, per_hour=True)}, as the earlier rents paid"
 
 

@@ -1,14 +1,14 @@
 """What the team measured on earlier runs of a job's shape, and the profile it corrects.
 
 A job's profile is typed at submit (``ProfileSpec``: 4 s/step on an RTX 4090, a 60 s start,
-no model, 1 GB of checkpoints); the template's 4 s against the toy's real 0.2 s made its
-pre-flight estimate $0.14 for a job that cost $0.02, and nothing ever corrected it. Here each
-typed figure is replaced, once a run has measured it, by what the team's runs of the same
-*shape* (``jobs.models.shape_of``: the same name, image, command, setup, env and GPU count in
-the same team) showed. Another team's runs never count. Each figure is one query over the
-newest ``HISTORY_RUNS`` attempts (or jobs) of the shape, the job's own earlier attempts among
-them, and a median of what they measured, so one odd host moves nothing and a changed job is
-followed within a few runs. The table of what replaces what is in docs/budgets-and-costs.md
+no model, 1 GB of checkpoints, unless the job or its template types better); a typed figure
+is never corrected by itself. Here each typed figure is replaced, once a run has measured it,
+by what the team's runs of the same *shape* (``jobs.models.shape_of``: the same image, setup,
+command and GPU count in the same team; not the name or the env) showed. Another team's runs
+never count. Each figure is one query over the newest ``HISTORY_RUNS`` attempts (or jobs) of
+the shape, the job's own earlier attempts among them, and a median of what they measured, so
+one odd host moves nothing and a changed job (a new batch size in its env) is followed within
+a few runs. The table of what replaces what is in docs/budgets-and-costs.md
 ("Estimates that learn"); in short:
 
 - seconds per step, per machine and per GPU model (``Attempt.seconds_per_step``), the

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from agent.ckptcrypto import EncryptingWriter
 from jobs.models import StagedObject, StagedObjectState
-from jobs.staging.resolve import RemoteFile, Resolved, StageRefused, hub_headers, hub_refusal
+from jobs.staging.resolve import RemoteFile, Resolved, answer_error, hub_headers, hub_refusal
 from nomadgpu.crypto import new_data_key
 from nomadgpu.storage import READ_CHUNK, object_store
 
@@ -140,7 +140,7 @@ def _copy_file(
         with client.stream("GET", remote.url, headers=headers, follow_redirects=True) as response:
             if response.status_code != 200:
                 response.read()
-                raise StageRefused(_download_refusal(obj, remote, response, token))
+                raise _download_error(obj, response, token)
             # The Hub names an LFS file in its redirect (X-Linked-Etag), not in the CDN's answer.
             first = response.history[0] if response.history else response
             etag = _etag(first.headers)
@@ -166,13 +166,15 @@ def _copy_file(
     }
 
 
-def _download_refusal(obj: StagedObject, remote: RemoteFile, response, token) -> str:
+def _download_error(obj: StagedObject, response: httpx.Response, token) -> Exception:
+    """A download's answer that is no 200: refused, or worth another try (``answer_error``)."""
+    status = response.status_code
     if obj.kind != "hf":
-        return f"{remote.url} answered {response.status_code} to its download"
+        refusal = f"answered {status} to its download: check the URL"
+        return answer_error(response, refusal=refusal, source=response.request.url.host)
     code = response.headers.get("X-Error-Code", "")
-    return hub_refusal(
-        response.status_code, code, repo=obj.repo, revision=obj.revision, token=bool(token)
-    )
+    refusal = hub_refusal(status, code, repo=obj.repo, revision=obj.revision, token=bool(token))
+    return answer_error(response, refusal=refusal, source="the Hub")
 
 
 def _etag(headers: httpx.Headers) -> str:

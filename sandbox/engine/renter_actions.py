@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sandbox import billing
+from sandbox import billing, instance_python
 from sandbox.engine.core import ACTIVE, EngineCore, contract_end
 from sandbox.errors import ApiError
 from sandbox.timing import REBOOT_S, STOP_GRACE_S
@@ -40,6 +40,7 @@ class RenterActions(EngineCore):
             if by == "host":
                 self.mark_gone(inst["ask_id"], now)
         self.processes.kill(pgid)
+        instance_python.discard(self.scratch(inst["id"]))  # a destroyed container's disk goes
 
     def stop(
         self, inst: dict, msg: str = "", intended: str = "stopped", renter: bool = False

@@ -11,8 +11,10 @@ at whichever checkpoint the upload had reached) the same way.
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -89,6 +91,8 @@ def test_the_tiny_qlora_template_as_the_agent_runs_it_survives_a_drill_with_the_
     # Its setup (packages present here: nothing installed) and command, as the portal offers
     # them; shorter and faster than its minute so that the test stays short.
     env = {**spec["env"], **OFFLINE, "QLORA_SAVE_STEPS": "10", "QLORA_STEP_SECONDS": "0.05"}
+    # Its `python` is this interpreter, as the sandbox's instance venv sees this environment.
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
 
     def job() -> FakeJob:
         return FakeJob(spec["command"], dict(env), total_steps=60, setup=spec["setup"])

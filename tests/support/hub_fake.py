@@ -11,18 +11,29 @@ the Hub's answers (as ``huggingface_hub`` reads them, ``utils/_http.py hf_raise_
   401 ``GatedRepo``; a missing file 404 ``EntryNotFound``.
 
 It counts the bytes it served per path (``served``), so a test can see a mirror made once.
+Faults: ``fail_next`` answers its statuses (503, 429 with ``Retry-After: 1``) to the next
+requests, one each; ``running(refusing=True)`` holds its port without listening, so every
+connection is refused (ECONNREFUSED) until ``hub.listen()``; ``running(self_signed=True)``
+serves HTTPS with a certificate no CA signed; ``silent()`` is a Hub that takes connections and
+never answers (until it closes them).
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
+import socket
+import ssl
+import tempfile
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 LFS_SUFFIXES = (".safetensors", ".bin", ".gguf")
@@ -53,6 +64,8 @@ class FakeHub:
     repos: dict[str, Repo] = field(default_factory=dict)
     served: Counter = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    fail_next: list[int] = field(default_factory=list)
+    listen: Callable[[], None] = lambda: None  # set by ``running``: start answering
 
     def commit_of(self, repo: str, revision: str) -> str | None:
         found = self.repos.get(repo)
@@ -73,6 +86,12 @@ def _handler(hub: FakeHub):
             self._answer(body=False)
 
         def _answer(self, *, body: bool) -> None:
+            with hub.lock:
+                fault = hub.fail_next.pop(0) if hub.fail_next else None
+            if fault is not None:
+                retry = {"Retry-After": "1"} if fault == 429 else {}
+                self._raw(fault, b'{"error": "injected"}', retry, body=body)
+                return None
             path = unquote(urlsplit(self.path).path)
             authorised = self.headers.get("Authorization") == f"Bearer {hub.token}"
             if path.startswith("/api/models/"):
@@ -170,16 +189,83 @@ def _handler(hub: FakeHub):
 
 
 @contextmanager
-def running(hub: FakeHub | None = None) -> Iterator[FakeHub]:
-    """HUB (a fresh one by default) served on a free local port until the block ends."""
+def running(
+    hub: FakeHub | None = None, *, refusing: bool = False, self_signed: bool = False
+) -> Iterator[FakeHub]:
+    """HUB (a fresh one by default) served on a free local port until the block ends; with
+    REFUSING, the port is bound but not listening (connections refused) until ``hub.listen()``;
+    with SELF_SIGNED, over HTTPS with a certificate no CA signed."""
     hub = hub or FakeHub()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(hub))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(hub), bind_and_activate=False)
     server.daemon_threads = True
-    hub.url = f"http://127.0.0.1:{server.server_address[1]}"
+    server.server_bind()
+    scheme = "http"
+    if self_signed:
+        server.socket = _self_signed_context().wrap_socket(server.socket, server_side=True)
+        scheme = "https"
+    hub.url = f"{scheme}://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+
+    def listen() -> None:
+        server.server_activate()
+        thread.start()
+
+    hub.listen = listen
+    if not refusing:
+        listen()
     try:
         yield hub
     finally:
-        server.shutdown()
+        if thread.is_alive():
+            server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def silent() -> Iterator[str]:
+    """The URL of a server that accepts connections (the kernel's backlog does) and never
+    answers: a request waits for its read timeout, or until the block ends and the connections
+    are reset."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def _self_signed_context() -> ssl.SSLContext:
+    """A server context whose certificate (for 127.0.0.1) signs itself."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fake hub")])
+    now = datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=1))
+        .not_valid_after(now + timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        pem = Path(folder) / "hub.pem"
+        pem.write_bytes(
+            cert.public_bytes(serialization.Encoding.PEM)
+            + key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(pem)
+    return context

@@ -11,9 +11,11 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
-from jobs.spec import JobSpec, template_spec
+from jobs.job_templates import template_spec
+from jobs.spec import JobSpec
 from tests.support.agent_fake_supervisor import Attempt, FakeSupervisor, start_agent
 from tests.support.processes import ROOT, wait_until
 
@@ -113,8 +115,11 @@ def uninterrupted_digest(spec: JobSpec, tmp_path) -> str:
     }
     env["NOMAD_TOTAL_STEPS"] = str(spec.total_steps)
     env["PYTHONPATH"] = str(ROOT)  # the agent puts its own package there (agent.hf)
+    # The template names `python` (in the sandbox, the instance's venv over this interpreter's
+    # environment): here, this interpreter.
+    path = f"{Path(sys.executable).parent}:/usr/bin:/bin"
     result = subprocess.run(
-        shlex.split(spec.command), env={"PATH": "/usr/bin:/bin", **env}, capture_output=True,
+        shlex.split(spec.command), env={"PATH": path, **env}, capture_output=True,
         text=True, timeout=600, check=False,
     )  # fmt: skip
     output = result.stdout + result.stderr

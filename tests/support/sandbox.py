@@ -33,8 +33,15 @@ MARKET = ROOT / "sandbox" / "market" / "offers.json"
 class Sandbox:
     """One sandbox process: start, stop, restart, and small helpers to drive it."""
 
-    def __init__(self, state_dir: Path, flags: tuple[str, ...], api_keys: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        flags: tuple[str, ...],
+        api_keys: tuple[str, ...],
+        python: str = sys.executable,
+    ) -> None:
         self.state_dir, self.flags, self.api_keys = state_dir, flags, api_keys
+        self.python = python  # the interpreter the sandbox runs in (its "image")
         self.port = 0
         self.url = ""
         self.proc: subprocess.Popen | None = None
@@ -47,7 +54,7 @@ class Sandbox:
         server_file = self.state_dir / "server.json"
         server_file.unlink(missing_ok=True)
         keys = [arg for key in self.api_keys for arg in ("--api-key", key)]
-        args = [sys.executable, "-m", "sandbox", "serve", "--port", str(self.port)]
+        args = [self.python, "-m", "sandbox", "serve", "--port", str(self.port)]
         args += ["--state-dir", str(self.state_dir), *keys, *self.flags]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
@@ -173,14 +180,19 @@ def market_offers() -> dict[int, dict]:
 
 @pytest.fixture
 def sandbox_factory(tmp_path: Path) -> Iterator[Callable[..., Sandbox]]:
-    """Start sandboxes with any flags: ``sandbox_factory("--seed", "3", fast=True, keys=(...))``."""
+    """Start sandboxes with any flags: ``sandbox_factory("--seed", "3", fast=True, keys=(...))``,
+    and ``python=`` another interpreter to run in."""
     started: list[Sandbox] = []
 
     def start(
-        *flags: str, fast: bool = True, relaxed: bool = True, keys: tuple[str, ...] = (DEFAULT_KEY,)
+        *flags: str,
+        fast: bool = True,
+        relaxed: bool = True,
+        keys: tuple[str, ...] = (DEFAULT_KEY,),
+        python: str = sys.executable,
     ) -> Sandbox:
         extra = (("--fast",) if fast else ()) + (("--relaxed-rate-limits",) if relaxed else ())
-        box = Sandbox(tmp_path / f"sandbox{len(started)}", (*extra, *flags), keys)
+        box = Sandbox(tmp_path / f"sandbox{len(started)}", (*extra, *flags), keys, python)
         started.append(box)
         return box.start()
 
