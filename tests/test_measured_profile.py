@@ -507,7 +507,7 @@ def test_a_measured_start_up_prices_an_interruptions_rework_too():
 
 
 def test_the_migration_gives_existing_jobs_the_shape_save_gives_new_ones(cast):
-    migration = importlib.import_module("jobs.migrations.0021_shape_without_name_and_env")
+    migration = importlib.import_module("jobs.migrations.0024_shape_without_name_and_env")
     job = toy(cast.team_a, setup="pip install x", requirements={**RTX_4090, "num_gpus": 2})
 
     assert migration._shape(job) == job.shape

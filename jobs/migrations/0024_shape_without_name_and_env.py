@@ -25,7 +25,7 @@ def fill_shapes(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("jobs", "0020_job_launcher")]
+    dependencies = [("jobs", "0023_drills_and_training_again")]
 
     # Backwards leaves the keys as they are: the code of that time recomputes a job's key
     # whenever it saves the job.
