@@ -32,7 +32,6 @@ machine aside until the older one is 7 days old. Otherwise the memory prices, it
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -253,7 +252,7 @@ def ban_reason(memory: MachineMemory, offer: Offer) -> str | None:
 def memory_words(record: MachineRecord, usd: float | None = None) -> str:
     """ "machine 48211: lost 2 of 3 rentals in 9 days (half-life 14 d): +$0.31 expected",
     with what its speed, link and outbids showed; USD: what the memory adds to the offer."""
-    days = max(math.ceil(record.days), 1)
+    days = max(round(record.days), 1)
     lost = len(record.incidents)
     head = f"machine {record.machine_id}: lost {lost} of {record.rentals} rental"
     head += f"{'s' if record.rentals != 1 else ''} in {days} day{'s' if days != 1 else ''}"
