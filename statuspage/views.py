@@ -27,7 +27,7 @@ from statuspage import costs, stats, weather
 from statuspage.chart import bar_chart
 
 CACHE_SECONDS = 30
-JSON_VERSION = 2  # 2: recovery_phases_s added; every version-1 key is kept
+JSON_VERSION = 2  # 2: recovery_phases_s added (later market_weather); version-1 keys kept
 
 
 def public_team_or_404(slug: str) -> Team:
