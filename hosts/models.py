@@ -150,7 +150,7 @@ class MachineRental(models.Model):
         indexes = [models.Index(fields=["machine", "ended_at"])]
 
     def __str__(self) -> str:
-        return f"rental {self.attempt_id} of machine {self.machine_id}"
+        return f"rental {self.attempt_id} of machine {self.machine.machine_id}"
 
     @property
     def running_h(self) -> float:
