@@ -15,7 +15,7 @@ def memory_summary(machine: Machine) -> str:
         return "no ended rental in the last 90 days"
     p = mm.start_failure_p(record, machine.reliability)
     parts = [
-        mm.memory_words(record),
+        mm.memory_words(*mm.memory_parts(record)),
         f"P(fail to start) {p:.0%} (reliability {machine.reliability or 'unknown'})",
         f"{record.losses:.1f} losses in {record.running_h:.1f} h running (decayed)",
     ]

@@ -16,6 +16,7 @@ from hosts import selection
 from hosts.vast import Offer
 from hosts.wait_or_move import ReturnHistory, WaitOrMove, wait_or_move
 from jobs.models import Attempt
+from nomadgpu.humanize import money
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -273,8 +274,15 @@ class RankedOffer:
     @property
     def memory_words(self) -> str:
         """What the team's memory says of the machine and adds to the total ("machine 48211:
-        lost 2 of 3 rentals in 9 days (half-life 14 d): +$0.31 expected"); "" for none."""
-        return str(_mapping(self.data.get("memory")).get("words") or "")
+        lost 2 of 3 rentals in 9 days (half-life 14 d): +$0.31 expected; never ready, ...",
+        ``selection.MemoryNote``), the dollars by the money rule; "" for none."""
+        memory = _mapping(self.data.get("memory"))
+        if not memory.get("head"):
+            return ""
+        usd = memory.get("usd")
+        added = "" if usd is None else ("+" if usd >= 0 else "") + money(usd)
+        notes = tuple(str(n) for n in memory.get("notes") or ())
+        return selection.memory_words(str(memory["head"]), notes, added)
 
 
 def ranked_offers(decision: Mapping[str, Any]) -> tuple[RankedOffer, ...]:

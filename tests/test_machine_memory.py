@@ -13,6 +13,8 @@ from hosts import selection
 from hosts.selection import ON_DEMAND, PreemptionRates, Rental, Requirements, expected_cost
 from hosts.selection import machine_memory as mm
 from hosts.selection.failed_start import PROVISION_S, failed_start, failed_start_seconds
+from jobs.rent_decision import RankedOffer
+from nomadgpu.humanize import money
 from tests.support.market import FIELD_REPORT_JOB, REFERENCE, make_offer
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -115,7 +117,7 @@ def test_the_memory_reads_as_a_sentence():
         ],
         NOW,
     )
-    words = mm.memory_words(record, 0.31)
+    words = mm.memory_words(*mm.memory_parts(record), "+$0.31")
     assert words.startswith(
         f"machine {MACHINE}: lost 2 of 3 rentals in 9 days (half-life 14 d): +$0.31 expected; "
         "never ready, lost while loading; "
@@ -208,7 +210,13 @@ def test_the_ranking_prices_one_incident_and_sets_the_machine_aside_after_two_in
     assert once.chosen.offer.machine_id == MACHINE
     note = once.chosen.memory
     assert note.usd > 0
-    assert note.words.endswith(f"+${note.usd:.2f} expected; never ready")
+    assert note.usd < once.chosen.rental.start_risk_usd  # the prior's share was there already
+    assert note.notes == ("never ready",)
+    stored = RankedOffer(once.as_dict()["candidates"][0])
+    assert stored.memory_words == (
+        f"machine {MACHINE}: lost 1 of 1 rental in 1 day (half-life 14 d): "
+        f"+{money(note.usd)} expected; never ready"
+    )
     banned = memory(ended(3, incident=mm.NEVER_READY), ended(1, incident=mm.LOST_LOADING))
     twice = choose(banned)
     assert MACHINE not in [c.offer.machine_id for c in twice.candidates]

@@ -52,7 +52,7 @@ def test_the_preview_prices_a_remembered_machine_and_leaves_out_one_set_aside(
     [row] = [r for r in rows if r.machine_id == machine]
     assert re.fullmatch(
         rf"machine {machine}: lost 1 of 1 rental in 1 day \(half-life 14 d\): "
-        r"\+\$0\.\d\d expected; never ready",
+        r"\+\$0\.\d+ expected; never ready",
         row.memory_words,
     )
     assert row.memory_words in html

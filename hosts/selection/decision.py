@@ -19,15 +19,23 @@ from hosts.vast import Offer
 
 @dataclass(frozen=True)
 class MemoryNote:
-    """What the team's memory says of a ranked offer's machine (``machine_memory.memory_words``)
-    and what its record adds to the expected total (USD; None when it cannot be told)."""
+    """What the team's memory says of a ranked offer's machine (``machine_memory.memory_parts``:
+    HEAD and NOTES) and what its record adds to the expected total (USD; None when it cannot
+    be told). The sentence is ``machine_memory.memory_words`` with USD as money is written
+    (``jobs.rent_decision.RankedOffer.memory_words``)."""
 
     machine_id: int
-    words: str
+    head: str
+    notes: tuple[str, ...]
     usd: float | None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"machine_id": self.machine_id, "words": self.words, "usd": self.usd}
+        return {
+            "machine_id": self.machine_id,
+            "head": self.head,
+            "notes": list(self.notes),
+            "usd": self.usd,
+        }
 
 
 @dataclass(frozen=True)

@@ -249,16 +249,15 @@ def ban_reason(memory: MachineMemory, offer: Offer) -> str | None:
     )
 
 
-def memory_words(record: MachineRecord, usd: float | None = None) -> str:
-    """ "machine 48211: lost 2 of 3 rentals in 9 days (half-life 14 d): +$0.31 expected",
-    with what its speed, link and outbids showed; USD: what the memory adds to the offer."""
+def memory_parts(record: MachineRecord) -> tuple[str, tuple[str, ...]]:
+    """RECORD in words: the head ("machine 48211: lost 2 of 3 rentals in 9 days (half-life
+    14 d)") and the notes (its incidents, what its speed, link and outbids showed, and how many
+    incidents were not charged)."""
     days = max(round(record.days), 1)
     lost = len(record.incidents)
     head = f"machine {record.machine_id}: lost {lost} of {record.rentals} rental"
     head += f"{'s' if record.rentals != 1 else ''} in {days} day{'s' if days != 1 else ''}"
     head += f" (half-life {HALF_LIFE_DAYS:g} d)"
-    if usd is not None:
-        head += f": {'+' if usd >= 0 else '-'}${abs(usd):.2f} expected"
     notes = [", ".join(INCIDENT_WORDS.get(k, k) for k in record.incidents)] if lost else []
     if record.speed[1]:
         notes.append(f"{_shrunk(record.speed):.2f} times the s/step its DLPerf promised")
@@ -268,4 +267,11 @@ def memory_words(record: MachineRecord, usd: float | None = None) -> str:
         notes.append(f"outbid {record.outbids} times in {record.outbid_h:.1f} h rented")
     if record.excused:
         notes.append(f"{record.excused} more not charged (not the machine's doing)")
-    return "; ".join([head, *notes])
+    return head, tuple(notes)
+
+
+def memory_words(head: str, notes: tuple[str, ...] = (), added: str = "") -> str:
+    """ "machine 48211: lost 2 of 3 rentals in 9 days (half-life 14 d): +$0.31 expected; never
+    ready, ...": HEAD and NOTES (``memory_parts``) with ADDED, what the record adds to an
+    offer's expected total as the caller writes money ("+$0.31"; "" for none)."""
+    return "; ".join([f"{head}: {added} expected" if added else head, *notes])

@@ -95,7 +95,7 @@ def memory_note(
     finite = unknown is not None and math.isfinite(unknown.expected_total_usd)
     if finite and math.isfinite(rental.expected_total_usd):
         usd = rental.expected_total_usd - unknown.expected_total_usd
-    return MemoryNote(record.machine_id, mm.memory_words(record, usd), usd)
+    return MemoryNote(record.machine_id, *mm.memory_parts(record), usd)
 
 
 def rank_offers(
