@@ -45,7 +45,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Max, Q
 
 from hosts.models import Machine
-from jobs import recovery_times, spending
+from jobs import machine_incidents, recovery_times, spending
 from jobs.models import (
     LIVE_ATTEMPT_STATES,
     ON_HOST_STATES,
@@ -312,7 +312,11 @@ def _note_machine_rented(attempt: Attempt) -> None:
     # Where it is (the admin shows it), from the offer it was rented through.
     offer = dict(RentDecision.of(attempt).offer_summary(attempt.offer_id))
     Machine.objects.note_rented(
-        attempt.machine_id, gpu_name=attempt.gpu_name, at=attempt.rented_at, offer=offer
+        attempt.machine_id,
+        gpu_name=attempt.gpu_name,
+        at=attempt.rented_at,
+        offer=offer,
+        attempt_id=attempt.pk,
     )
 
 
@@ -329,6 +333,7 @@ def close_attempt(attempt_id: int, *, reason: str, now: datetime, states=None) -
     if not claimed:
         return None
     attempt = Attempt.objects.select_related("job").get(pk=attempt_id)
+    machine_incidents.note_rental_end(attempt)  # the team's memory of its machine
     if attempt.instance_id is not None:
         enqueue(DESTROY_TASK, attempt.job.team_id, attempt.instance_id)
     if Checkpoint.objects.filter(attempt_id=attempt_id, state=CheckpointState.UPLOADING).exists():
@@ -439,13 +444,16 @@ def avoid_machine(attempt: Attempt) -> None:
 
 
 def remember_bad_machine(attempt: Attempt) -> None:
-    """Avoid this machine for this job, and count it against the machine for every job."""
+    """Avoid this machine for this job, count it against the machine for every job, and tell
+    the team's memory of machines what went wrong: charged to the machine unless it was not
+    its doing (``machine_incidents.charge_loss``); the job avoids it either way."""
     if attempt.machine_id is None:
         return
     avoid_machine(attempt)
     Machine.objects.filter(machine_id=attempt.machine_id).update(
         interruptions=F("interruptions") + 1
     )
+    machine_incidents.charge_loss(attempt)
 
 
 def mark_running(attempt: Attempt, *, now: datetime) -> None:

@@ -1,8 +1,8 @@
 """The one reader of a stored rent decision: ``Attempt.decision`` (``selection.Decision.
 as_dict``, stored at rent) read by name here only: the image pull priced (and the chance the
-machine held the image), the chosen offer's download and upload speeds, the planned speed and
-upload cost, the choice after an outbid or while a host is offline, the ranked candidates the
-job page shows.
+machine held the image), the chosen offer's download and upload speeds, the planned speed (and
+what the machine was promised before the team's memory of it) and upload cost, the choice after
+an outbid or while a host is offline, the ranked candidates the job page shows.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from hosts import selection
 from hosts.vast import Offer
 from hosts.wait_or_move import ReturnHistory, WaitOrMove, wait_or_move
 from jobs.models import Attempt
+from nomadgpu.humanize import money
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -116,6 +117,18 @@ class RentDecision:
         """The upload speed the rented offer advertised, if it did."""
         mbps = self.chosen_offer.get("inet_up_mbps")
         return float(mbps) if isinstance(mbps, int | float) and mbps > 0 else None
+
+    @property
+    def promised_seconds_per_step(self) -> float | None:
+        """The s/step the rent expected of the machine before anything the machine itself
+        showed: its DLPerf's (or its GPU model's measured) speed, without the memory's factor
+        (``CostBreakdown.machine_speed_factor``); None when the rent used this job's own speed
+        on that machine, or stored none."""
+        cost = self.chosen_cost
+        spp, factor = cost.get("seconds_per_step"), cost.get("machine_speed_factor") or 1.0
+        if cost.get("speed_source") == selection.SPEED_MACHINE or not spp or spp <= 0:
+            return None
+        return float(spp) / float(factor)
 
     @property
     def seconds_per_step(self) -> float | None:
@@ -258,6 +271,25 @@ class RankedOffer:
             return float(self.cost.get("total_usd") or 0.0)
         total = self.rental.get("expected_total_usd")
         return None if total is None else float(total)
+
+    @property
+    def start_risk_usd(self) -> float:
+        """P(the start fails) x what a failed start costs, in the expected total (0 when the
+        team's memory of machines did not price it: ``selection.RentalCost``)."""
+        return float(self.rental.get("start_risk_usd") or 0.0)
+
+    @property
+    def memory_words(self) -> str:
+        """What the team's memory says of the machine and adds to the total ("machine 48211:
+        lost 2 of 3 rentals in 9 days (half-life 14 d): +$0.31 expected; never ready, ...",
+        ``selection.MemoryNote``), the dollars by the money rule; "" for none."""
+        memory = _mapping(self.data.get("memory"))
+        if not memory.get("head"):
+            return ""
+        usd = memory.get("usd")
+        added = "" if usd is None else ("+" if usd >= 0 else "") + money(usd)
+        notes = tuple(str(n) for n in memory.get("notes") or ())
+        return selection.memory_words(str(memory["head"]), notes, added)
 
 
 def ranked_offers(decision: Mapping[str, Any]) -> tuple[RankedOffer, ...]:

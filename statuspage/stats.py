@@ -23,6 +23,9 @@ which reads ``jobs.Interruption`` rows (plus the count of jobs running now, the 
 - **Money** (``statuspage.costs``): what the window's interruptions cost (steps redone and
   start-ups paid again) and the savings against the team's reference cloud (invoiced where
   the invoice covers a job), as totals: no job, host or price of one.
+- **Market weather** (``statuspage.weather``): per GPU model with at least 20 rentals in the
+  window, rent → ready (median, p90), the share of decided starts that got ready, and host
+  losses per rented hour; no machine, job or price.
 - **Percentiles** are nearest-rank: the p-th percentile of n sorted values is the value at
   rank ceil(p·n/100), so every median and p90 is a duration that really happened (for an even
   count the median is the lower of the two middle values).
@@ -43,7 +46,7 @@ from jobs.models import Interruption, Job, JobState
 from jobs.recovery_times import recovery_times
 from nomadgpu.health import WATCHDOG, is_fresh, silent_for_s
 from nomadgpu.models import IngestOutage, ServiceHeartbeat, Team
-from statuspage import costs
+from statuspage import costs, weather
 
 WINDOWS = (7, 30, 90)
 DEFAULT_WINDOW = 30
@@ -161,6 +164,15 @@ class SupervisorHealth:
 
 
 @dataclass(frozen=True)
+class WeatherCell:
+    """One GPU model's market weather (``weather.ModelWeather``) with its rent → ready
+    durations, nearest-rank like every other duration here."""
+
+    model: weather.ModelWeather
+    rent_to_ready: Durations
+
+
+@dataclass(frozen=True)
 class TeamStatus:
     team_name: str
     team_slug: str
@@ -182,6 +194,8 @@ class TeamStatus:
     health: SupervisorHealth
     interruption_cost: costs.InterruptionCost
     savings: costs.WindowSavings
+    market_weather: tuple[WeatherCell, ...] = ()
+    weather_hidden_models: int = 0  # GPU models rented, but fewer than 20 times
 
 
 def team_status(team: Team, *, now: datetime, days: int = DEFAULT_WINDOW) -> TeamStatus:
@@ -218,7 +232,15 @@ def team_status(team: Team, *, now: datetime, days: int = DEFAULT_WINDOW) -> Tea
         health=supervisor_health(now=now, team=team, since=since),
         interruption_cost=costs.interruption_costs(rows),
         savings=costs.window_savings(team, since=since, now=now),
+        **market_weather(team, since=since, now=now),
     )
+
+
+def market_weather(team: Team, *, since: datetime, now: datetime) -> dict:
+    """``TeamStatus``'s weather fields: each shown GPU model's cell, and how many are hidden."""
+    found = weather.market_weather(team, since=since, now=now)
+    cells = tuple(WeatherCell(m, seconds_summary(list(m.ready_s))) for m in found.models)
+    return {"market_weather": cells, "weather_hidden_models": found.hidden_models}
 
 
 def window_start(now: datetime, days: int, tz: ZoneInfo) -> datetime:

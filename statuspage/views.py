@@ -23,13 +23,13 @@ from django.utils.feedgenerator import Atom1Feed
 from jobs import anatomy
 from nomadgpu.humanize import duration
 from nomadgpu.models import Team
-from statuspage import costs, stats
+from statuspage import costs, stats, weather
 from statuspage.chart import bar_chart
 
 CACHE_SECONDS = 30
-# 2: recovery_phases_s added. 3: back on a machine and training again as jobs.recovery_times
-# defines them (from the loss; training_again_s added, running_again_s kept as its copy), and
-# fire drills left out. Every version-2 key is kept.
+# 2: recovery_phases_s added (later market_weather). 3: back on a machine and training again as
+# jobs.recovery_times defines them (from the loss; training_again_s added, running_again_s kept as
+# its copy), and fire drills left out. Every version-2 key is kept.
 JSON_VERSION = 3
 
 
@@ -131,6 +131,7 @@ def status_document(status: stats.TeamStatus) -> dict:
         "interruption_cost_usd": interruption_cost_document(status.interruption_cost),
         "savings": savings_document(status.savings),
         "incidents": [incident_document(i) for i in status.incidents],
+        "market_weather": weather_document(status),
         "health": {
             "watchdog": check(status.health.watchdog),
             "worker_and_beat": check(status.health.worker_and_beat),
@@ -168,6 +169,41 @@ def savings_document(s: costs.WindowSavings) -> dict:
         "reference_usd": round(s.reference_usd, 6),
         "saved_usd": round(s.saved_usd, 6),
         "saved_pct": None if pct is None else round(pct, 1),
+    }
+
+
+def weather_document(status: stats.TeamStatus) -> dict:
+    """Per GPU model with at least ``weather.MIN_RENTALS`` rentals in the window (added within
+    version 2; statuspage/README.md): no machine, job or price."""
+    return {
+        "min_rentals": weather.MIN_RENTALS,
+        "models_hidden": status.weather_hidden_models,
+        "models": [weather_cell_document(c) for c in status.market_weather],
+    }
+
+
+def weather_cell_document(cell: stats.WeatherCell) -> dict:
+    m = cell.model
+    share = m.start_success
+    rate = m.losses_per_h
+    return {
+        "gpu_name": m.gpu_name,
+        "rentals": m.rentals,
+        "rent_to_ready_s": {
+            "count": cell.rent_to_ready.count,
+            "median": cell.rent_to_ready.median_s,
+            "p90": cell.rent_to_ready.p90_s,
+        },
+        "start_success": {
+            "decided": m.decided,
+            "ready": m.ready,
+            "share": None if share is None else round(share, 4),
+        },
+        "host_losses": {
+            "losses": m.losses,
+            "rented_h": round(m.rented_h, 3),
+            "per_rented_hour": None if rate is None else round(rate, 4),
+        },
     }
 
 

@@ -58,7 +58,11 @@ def ranking_of(spec: JobSpec, sandbox) -> dict:
         offers = client.search_offers(
             selection.vast_query(req), limit=selection.SEARCH_LIMIT, allocated_storage=req.disk_gb
         )
-    return selection.choose_offer(offers, req, profile, top_n=figures.PREVIEW_TOP_N).as_dict()
+    # A team with no rentals yet: the memory of machines prices every start on its prior.
+    memory = selection.NO_MEMORY
+    return selection.choose_offer(
+        offers, req, profile, top_n=figures.PREVIEW_TOP_N, memory=memory
+    ).as_dict()
 
 
 def estimate_text(html: str) -> str:
@@ -93,8 +97,11 @@ def test_every_row_is_priced_as_it_would_be_rented_and_multiplies_out(
         assert row.gpu_usd == pytest.approx(row.usd_per_hour * row.train_h)
         assert row.gpu_usd + row.startup_usd == pytest.approx(cost["gpu_usd"])
         columns = (row.gpu_usd, row.startup_usd, row.storage_usd, row.download_usd)
-        assert row.total_usd == pytest.approx(sum(columns) + row.upload_usd + row.interruptions_usd)
+        rest = row.upload_usd + row.start_risk_usd + row.interruptions_usd
+        assert row.total_usd == pytest.approx(sum(columns) + rest)
         assert row.total_usd == pytest.approx(way["expected_total_usd"])
+        assert row.start_risk_usd == pytest.approx(way["start_risk_usd"])
+        assert row.start_risk_usd > 0
 
 
 def test_an_interruptible_preview_shows_the_bid_not_the_on_demand_price(
@@ -127,6 +134,7 @@ def test_the_rendered_row_prints_each_column_by_the_money_rule(member_client, on
         "Storage $": row.storage_usd,
         "Download $": row.download_usd,
         "Upload $": row.upload_usd,
+        "Failed start $": row.start_risk_usd,
         "Interruptions $": row.interruptions_usd,
     }
     assert cells["$/h"] == money(row.usd_per_hour, per_hour=True)

@@ -18,8 +18,13 @@ sandbox and a market file. One question per file, in the order a decision needs 
 - ``bids``: on demand or a bid, which margins to weigh, and what to do after an outbid
   (``Rental``, ``rentals_to_weigh``, ``outbid_choice``).
 - ``preemption``: how often a rental is interrupted (``PreemptionRates``, ``prior_rate``).
-- ``rental_costs``: the expected total with interruptions priced in, and the cheapest way to
-  rent an offer (``expected_cost``, ``best_rental``).
+- ``machine_memory``: the team's memory of machines, with decay and posteriors: P(fail to
+  start), losses per rented hour, speed and link against their promise, the 2-in-7-days ban
+  (``MachineMemory``, ``start_failure_chance``, ``loss_rate_per_h``).
+- ``failed_start``: what a start that fails costs, in time and money (``failed_start``).
+- ``rental_costs``: the expected total with interruptions priced in (and, with a memory, what
+  the machine showed), and the cheapest way to rent an offer (``expected_cost``,
+  ``best_rental``).
 - ``ranking``: the acceptable offers, cheapest expected total first, and the choice
   (``rank_offers``, ``choose_offer``).
 - ``decision``: what is stored and shown of a decision (``Decision``, ``Ranked``,
@@ -49,9 +54,22 @@ from hosts.selection.costs import (
     estimate_cost,
     transfer_hours,
 )
-from hosts.selection.decision import Decision, Ranked, offer_summary
+from hosts.selection.decision import Decision, MemoryNote, Ranked, offer_summary
+from hosts.selection.failed_start import FailedStart, failed_start, failed_start_seconds
 from hosts.selection.filters import NOT_BIDDABLE, Rejection, filter_offers, job_dph_total
 from hosts.selection.image_cache import ImageCache
+from hosts.selection.machine_memory import (
+    HALF_LIFE_DAYS,
+    NO_MEMORY,
+    MachineMemory,
+    MachineRecord,
+    RentalRecord,
+    loss_rate_per_h,
+    memory_parts,
+    memory_words,
+    remember,
+    start_failure_chance,
+)
 from hosts.selection.preemption import (
     PRIOR_HOST_LOSS_PER_H,
     PRIOR_WEIGHT_H,
@@ -60,7 +78,7 @@ from hosts.selection.preemption import (
     prior_rate,
 )
 from hosts.selection.profile import JobProfile
-from hosts.selection.ranking import DEFAULT_TOP_N, choose_offer, rank_offers
+from hosts.selection.ranking import DEFAULT_TOP_N, RULE_MEMORY, choose_offer, rank_offers
 from hosts.selection.rental_costs import (
     DETECTION_S,
     RENT_S,
@@ -87,15 +105,18 @@ __all__ = [
     "BYTES_PER_GB",
     "DEFAULT_TOP_N",
     "DETECTION_S",
+    "HALF_LIFE_DAYS",
     "INTERRUPTIBLE",
     "KNOWN_DLPERF_PER_GPU",
     "MULTI_GPU_EFFICIENCY",
     "NOT_BIDDABLE",
+    "NO_MEMORY",
     "ON_DEMAND",
     "PRIOR_HOST_LOSS_PER_H",
     "PRIOR_WEIGHT_H",
     "RAISE_STEP_USD",
     "RENT_S",
+    "RULE_MEMORY",
     "SEARCH_LIMIT",
     "SECONDS_PER_HOUR",
     "SPEED_DLPERF",
@@ -106,14 +127,19 @@ __all__ = [
     "CannotEstimate",
     "CostBreakdown",
     "Decision",
+    "FailedStart",
     "ImageCache",
     "JobProfile",
+    "MachineMemory",
+    "MachineRecord",
+    "MemoryNote",
     "OutbidChoice",
     "PreemptionRates",
     "Ranked",
     "Rejection",
     "Rental",
     "RentalCost",
+    "RentalRecord",
     "Requirements",
     "SpeedBook",
     "best_rental",
@@ -121,15 +147,22 @@ __all__ = [
     "choose_offer",
     "estimate_cost",
     "expected_cost",
+    "failed_start",
+    "failed_start_seconds",
     "filter_offers",
     "job_dph_total",
+    "loss_rate_per_h",
     "margin_bucket",
+    "memory_parts",
+    "memory_words",
     "offer_summary",
     "outbid_choice",
     "prior_rate",
     "rank_offers",
+    "remember",
     "rentals_to_weigh",
     "seconds_per_step_at",
+    "start_failure_chance",
     "transfer_hours",
     "vast_query",
 ]

@@ -75,6 +75,9 @@ class CostBreakdown:
     # The chance the machine still holds the job's image from an earlier rental (``ImageCache``):
     # the pull above is already (1 - this) x the whole pull.
     image_cached_chance: float = 0.0
+    # The s/step above is the estimate times this: what the team's memory saw the machine do
+    # against its promise (``SpeedBook.machine_factor``); 1 when it knows nothing.
+    machine_speed_factor: float = 1.0
 
     @property
     def wall_h(self) -> float:
@@ -144,6 +147,8 @@ def estimate_cost(
     speed = seconds_per_step(offer, profile, speeds)
     if speed is None:
         raise CannotEstimate(f"offer {offer.id}: no speed estimate for {offer.gpu_name!r}")
+    factor = speeds.machine_factor(offer.machine_id, speed[1])
+    speed = (speed[0] * factor, speed[1])
     dph, storage, down_price, up_price, mbps = billing_inputs(offer)
     if gpu_usd_per_hour is not None:
         dph = gpu_usd_per_hour
@@ -180,4 +185,5 @@ def estimate_cost(
         **usd,
         total_usd=sum(usd.values()),
         image_cached_chance=cached,
+        machine_speed_factor=factor,
     )

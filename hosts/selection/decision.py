@@ -10,7 +10,7 @@ from typing import Any
 
 from hosts.selection.bids import INTERRUPTIBLE
 from hosts.selection.costs import CostBreakdown
-from hosts.selection.filters import job_dph_total
+from hosts.selection.filters import Rejection, job_dph_total
 from hosts.selection.profile import JobProfile
 from hosts.selection.rental_costs import RentalCost
 from hosts.selection.requirements import Requirements
@@ -18,13 +18,36 @@ from hosts.vast import Offer
 
 
 @dataclass(frozen=True)
+class MemoryNote:
+    """What the team's memory says of a ranked offer's machine (``machine_memory.memory_parts``:
+    HEAD and NOTES) and what its record adds to the expected total (USD; None when it cannot
+    be told). The sentence is ``machine_memory.memory_words`` with USD as money is written
+    (``jobs.rent_decision.RankedOffer.memory_words``)."""
+
+    machine_id: int
+    head: str
+    notes: tuple[str, ...]
+    usd: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "machine_id": self.machine_id,
+            "head": self.head,
+            "notes": list(self.notes),
+            "usd": self.usd,
+        }
+
+
+@dataclass(frozen=True)
 class Ranked:
     """One acceptable offer, the best way to rent it, and its expected cost: COST is the run
-    without interruptions at that rental's price, RENTAL the expected total with them."""
+    without interruptions at that rental's price, RENTAL the expected total with them. MEMORY:
+    what the team's record of its machine adds, when there is one."""
 
     offer: Offer
     cost: CostBreakdown
     rental: RentalCost
+    memory: MemoryNote | None = None
 
     @property
     def expected_total_usd(self) -> float:
@@ -33,11 +56,14 @@ class Ranked:
 
     def as_dict(self, req: Requirements) -> dict[str, Any]:
         """JSON-ready: the offer's deciding fields, the cost breakdown, the rental."""
-        return {
+        data = {
             "offer": offer_summary(self.offer, req),
             "cost": self.cost.as_dict(),
             "rental": self.rental.as_dict(),
         }
+        if self.memory is not None:
+            data["memory"] = self.memory.as_dict()
+        return data
 
 
 def offer_summary(offer: Offer, req: Requirements) -> dict[str, Any]:
@@ -75,6 +101,8 @@ class Decision:
     requirements: Requirements
     profile: JobProfile
     alternatives: tuple[dict[str, Any], ...] = ()  # the chosen offer's other ways to rent
+    # Offers whose machine the team's memory set aside (2 incidents in 7 days), and why.
+    set_aside: tuple[Rejection, ...] = ()
 
     @property
     def chosen_offer_id(self) -> int:
@@ -104,4 +132,7 @@ class Decision:
             "rejected_by_rule": dict(self.rejected_by_rule),
             "requirements": req.as_dict(),
             "profile": self.profile.as_dict(),
+            "set_aside_by_memory": [
+                {"machine_id": r.machine_id, "detail": r.detail} for r in self.set_aside
+            ],
         }

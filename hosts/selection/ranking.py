@@ -1,13 +1,17 @@
 """Which offer to rent: the acceptable offers ranked by expected total cost (``rank_offers``),
-and the choice with its runners-up and rejections (``choose_offer``)."""
+and the choice with its runners-up and rejections (``choose_offer``). With the team's memory of
+machines (``machine_memory``), a machine with 2 incidents in 7 days is set aside
+(``RULE_MEMORY``), and every other remembered machine's row says what its record adds."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 
+from hosts.selection import machine_memory as mm
 from hosts.selection.bids import rentals_to_weigh
-from hosts.selection.decision import Decision, Ranked
+from hosts.selection.decision import Decision, MemoryNote, Ranked
 from hosts.selection.filters import (
     NOT_BIDDABLE,
     RULE_CONTRACT,
@@ -19,12 +23,13 @@ from hosts.selection.filters import (
 from hosts.selection.image_cache import NO_IMAGE_CACHE, ImageCache
 from hosts.selection.preemption import PreemptionRates
 from hosts.selection.profile import JobProfile
-from hosts.selection.rental_costs import best_rental, expected_cost
+from hosts.selection.rental_costs import RentalCost, best_rental, expected_cost
 from hosts.selection.requirements import Requirements
 from hosts.selection.speed import SpeedBook, seconds_per_step
 from hosts.vast import Offer
 
 DEFAULT_TOP_N = 5
+RULE_MEMORY = "machine_memory"  # 2 incidents in 7 days: set aside (machine_memory.ban_reason)
 
 
 def _ranking_key(item: Ranked) -> tuple[float, float, int]:
@@ -39,19 +44,24 @@ def rank_with_rejections(
     speeds: SpeedBook | None,
     rates: PreemptionRates | None = None,
     images: ImageCache = NO_IMAGE_CACHE,
+    memory: mm.MachineMemory | None = None,
 ) -> tuple[list[Ranked], list[Rejection]]:
     """``rank_offers``'s list, and a ``Rejection`` for every offer turned away: the filter
-    rules, then no speed estimate, no acceptable bid, a contract that ends too soon."""
+    rules, then a machine the memory sets aside, no speed estimate, no acceptable bid, a
+    contract that ends too soon."""
     book = (speeds or SpeedBook()).with_market(offers, req.num_gpus)
     rates = rates or PreemptionRates()
     kept, rejected = filter_offers(offers, req)
     ranked: list[Ranked] = []
     for offer in kept:
+        if memory is not None and (banned := mm.ban_reason(memory, offer)) is not None:
+            rejected.append(Rejection(offer.id, offer.machine_id, RULE_MEMORY, banned))
+            continue
         if seconds_per_step(offer, profile, book) is None:
             detail = f"no observed speed and no DLPerf for {offer.gpu_name or 'unknown GPU'}"
             rejected.append(Rejection(offer.id, offer.machine_id, RULE_UNKNOWN_SPEED, detail))
             continue
-        rental = best_rental(offer, profile, book, req, rates, images)
+        rental = best_rental(offer, profile, book, req, rates, images, memory)
         if rental is None:
             detail = "takes no bid (no min_bid), or none under max_bid_dph"
             rejected.append(Rejection(offer.id, offer.machine_id, NOT_BIDDABLE, detail))
@@ -59,8 +69,33 @@ def rank_with_rejections(
         if (short := contract_too_short(offer, rental.base)) is not None:
             rejected.append(Rejection(offer.id, offer.machine_id, RULE_CONTRACT, short))
             continue
-        ranked.append(Ranked(offer, rental.base, rental))
+        note = memory_note(offer, profile, book, req, rates, images, memory, rental)
+        ranked.append(Ranked(offer, rental.base, rental, note))
     return sorted(ranked, key=_ranking_key), rejected
+
+
+def memory_note(
+    offer: Offer,
+    profile: JobProfile,
+    book: SpeedBook,
+    req: Requirements,
+    rates: PreemptionRates,
+    images: ImageCache,
+    memory: mm.MachineMemory | None,
+    rental: RentalCost,
+) -> MemoryNote | None:
+    """What MEMORY's record of OFFER's machine adds to RENTAL's expected total: the total
+    against the same offer priced on the priors alone (None: no record, or no finite total)."""
+    record = memory.record(offer.machine_id) if memory is not None else None
+    if record is None:
+        return None
+    forgotten = memory.without(record.machine_id)
+    unknown = best_rental(offer, profile, book, req, rates, images, forgotten)
+    usd = None
+    finite = unknown is not None and math.isfinite(unknown.expected_total_usd)
+    if finite and math.isfinite(rental.expected_total_usd):
+        usd = rental.expected_total_usd - unknown.expected_total_usd
+    return MemoryNote(record.machine_id, *mm.memory_parts(record), usd)
 
 
 def rank_offers(
@@ -71,15 +106,16 @@ def rank_offers(
     rates: PreemptionRates | None = None,
     *,
     images: ImageCache = NO_IMAGE_CACHE,
+    memory: mm.MachineMemory | None = None,
 ) -> list[Ranked]:
     """Offers meeting ``req``, cheapest expected total cost of the job first, each rented the
     cheapest way ``req.rental`` allows (RATES: the team's interruption history; IMAGES: the
-    machines that may still hold the job's image).
+    machines that may still hold the job's image; MEMORY: the team's record of machines).
 
     DLPerf estimates are calibrated on all of ``offers`` (``SpeedBook.with_market``), so pass
     the whole search result, not a pre-filtered slice.
     """
-    return rank_with_rejections(offers, req, profile, speeds, rates, images)[0]
+    return rank_with_rejections(offers, req, profile, speeds, rates, images, memory)[0]
 
 
 def choose_offer(
@@ -91,11 +127,13 @@ def choose_offer(
     rates: PreemptionRates | None = None,
     top_n: int = DEFAULT_TOP_N,
     images: ImageCache = NO_IMAGE_CACHE,
+    memory: mm.MachineMemory | None = None,
 ) -> Decision | None:
     """The offer with the lowest expected total cost of the job, rented the cheapest way
     ``req.rental`` allows, or None when none qualifies. The decision keeps the chosen offer's
-    other rentals (on-demand, the other bid margins) with their expected totals."""
-    ranked, rejected = rank_with_rejections(offers, req, profile, speeds, rates, images)
+    other rentals (on-demand, the other bid margins) with their expected totals, and why the
+    memory set machines aside."""
+    ranked, rejected = rank_with_rejections(offers, req, profile, speeds, rates, images, memory)
     if not ranked:
         return None
     by_rule = Counter(r.rule for r in rejected)
@@ -107,7 +145,7 @@ def choose_offer(
         if rental != chosen.rental.rental
         and (
             cost := expected_cost(
-                chosen.offer, profile, book, req, rental, rates or PreemptionRates(), images
+                chosen.offer, profile, book, req, rental, rates or PreemptionRates(), images, memory
             )
         )
         is not None
@@ -121,4 +159,5 @@ def choose_offer(
         rejected_by_rule=dict(sorted(by_rule.items())),
         requirements=req,
         profile=profile,
+        set_aside=tuple(r for r in rejected if r.rule == RULE_MEMORY),
     )

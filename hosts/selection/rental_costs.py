@@ -9,15 +9,21 @@ detection, a new rent, a start-up again (image, model and checkpoint downloads a
 bandwidth) and half a checkpoint interval of training done again. ``rental: auto`` takes the
 cheaper expected total; the bid margin is chosen the same way (a higher bid, fewer
 preemptions).
+
+The team's memory of machines (``machine_memory``; given, or None: not priced) adds what the
+machine itself showed: the link it really delivered and its speed against its promise, its own
+losses per rented hour in place of its GPU model's host losses, and P(fail to start) x what a
+failed start costs (``failed_start``), the time lost valued at the job's GPU $/h.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from hosts.selection.bids import Rental, rentals_to_weigh
+from hosts.selection import machine_memory as mm
+from hosts.selection.bids import ON_DEMAND, Rental, rentals_to_weigh
 from hosts.selection.costs import (
     SECONDS_PER_HOUR,
     CostBreakdown,
@@ -25,6 +31,7 @@ from hosts.selection.costs import (
     estimate_cost,
     startup_hours,
 )
+from hosts.selection.failed_start import failed_start
 from hosts.selection.image_cache import NO_IMAGE_CACHE, ImageCache
 from hosts.selection.preemption import PreemptionRates
 from hosts.selection.profile import JobProfile
@@ -53,6 +60,12 @@ class RentalCost:
     redo_h: float  # of which training done again (half a checkpoint interval)
     expected_total_usd: float
     expected_wall_h: float
+    # With the team's memory of machines (else 0): the chance the start fails, what one failed
+    # start costs (seconds lost; dollars billed and waited), and their product, in the total.
+    start_failure_p: float = 0.0
+    failed_start_s: float = 0.0
+    failed_start_usd: float = 0.0
+    start_risk_usd: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready, without the base breakdown (stored beside it)."""
@@ -83,17 +96,23 @@ def expected_cost(
     rental: Rental,
     rates: PreemptionRates,
     images: ImageCache = NO_IMAGE_CACHE,
+    memory: mm.MachineMemory | None = None,
 ) -> RentalCost | None:
     """Expected total cost of the rest of the job on OFFER rented as RENTAL: the run itself
     plus λ x expected hours interruptions, each costing detection, a new rent, the start-up
     again and half a checkpoint interval of training (module docstring). None when the offer
     takes no such bid; an infinite total when interruptions come faster than the work. IMAGES
-    prices this run's pull; a recovery's pull is whole (the replacement is another machine)."""
+    prices this run's pull; a recovery's pull is whole (the replacement is another machine).
+    With MEMORY, what the machine showed is priced in too (module docstring)."""
     price = rental.gpu_usd_per_hour(offer)
     if price is None:
         return None
+    if memory is not None:
+        offer, speeds = _as_remembered(memory, offer, speeds)
     base = estimate_cost(offer, profile, speeds, req, gpu_usd_per_hour=price, images=images)
     lam, source = rates.rate(rental.kind, offer.gpu_name or "", rental.bid_margin)
+    if memory is not None and memory.record(offer.machine_id) is not None:
+        lam, source = _machine_rate(memory, offer, rates, lam, source)
     _, storage, down_price, _, mbps = billing_inputs(offer)
     # A resume downloads the checkpoint too, whether or not this run started from one.
     again_gb = profile.image_gb + profile.model_gb + profile.checkpoint_gb
@@ -110,7 +129,7 @@ def expected_cost(
         preemptions = lam * base.wall_h / (1.0 - lam * rework_h)
         wall_h = base.wall_h + preemptions * rework_h
         total = base.total_usd + preemptions * rework_usd
-    return RentalCost(
+    cost = RentalCost(
         rental=rental,
         gpu_usd_per_hour=price,
         base=base,
@@ -123,6 +142,57 @@ def expected_cost(
         expected_total_usd=total,
         expected_wall_h=wall_h,
     )
+    if memory is None:
+        return cost
+    return _with_start_risk(cost, memory, offer, profile, req, images)
+
+
+def _as_remembered(
+    memory: mm.MachineMemory, offer: Offer, speeds: SpeedBook
+) -> tuple[Offer, SpeedBook]:
+    """OFFER with the link its machine showed, and SPEEDS with its speed against its promise."""
+    if memory.record(offer.machine_id) is None:
+        return offer, speeds
+    factor = mm.speed_factor(memory, offer.machine_id)
+    factors = {**speeds.machine_factors, offer.machine_id: factor}
+    return mm.seen_offer(memory, offer), replace(speeds, machine_factors=factors)
+
+
+def _machine_rate(
+    memory: mm.MachineMemory, offer: Offer, rates: PreemptionRates, lam: float, source: str
+) -> tuple[float, str]:
+    """λ with the machine's own host losses (``machine_memory.loss_rate_per_h``) in place of its
+    GPU model's; the words say both."""
+    model_host = rates.rate(ON_DEMAND, offer.gpu_name or "")[0]
+    machine = mm.loss_rate_per_h(memory, offer, model_host)
+    words = "the prior" if source == "prior" else source
+    words += f"; machine {offer.machine_id}'s own rentals: {machine:.3f} host losses/h"
+    return max(lam + machine - model_host, 0.0), words
+
+
+def _with_start_risk(
+    cost: RentalCost,
+    memory: mm.MachineMemory,
+    offer: Offer,
+    profile: JobProfile,
+    req: Requirements,
+    images: ImageCache,
+) -> RentalCost:
+    """COST plus P(the start fails) x what a failed start costs (``failed_start``)."""
+    p = mm.start_failure_chance(memory, offer)
+    failed = failed_start(
+        offer, profile, req, cost.gpu_usd_per_hour, images.chance(offer.machine_id)
+    )
+    risk = p * failed.total_usd
+    return replace(
+        cost,
+        start_failure_p=p,
+        failed_start_s=failed.seconds,
+        failed_start_usd=failed.total_usd,
+        start_risk_usd=risk,
+        expected_total_usd=cost.expected_total_usd + risk,
+        expected_wall_h=cost.expected_wall_h + p * failed.seconds / SECONDS_PER_HOUR,
+    )
 
 
 def best_rental(
@@ -132,12 +202,14 @@ def best_rental(
     req: Requirements,
     rates: PreemptionRates,
     images: ImageCache = NO_IMAGE_CACHE,
+    memory: mm.MachineMemory | None = None,
 ) -> RentalCost | None:
     """The cheapest expected way to rent OFFER under REQ, or None when REQ allows none."""
     costs = [
         cost
         for rental in rentals_to_weigh(offer, req)
-        if (cost := expected_cost(offer, profile, speeds, req, rental, rates, images)) is not None
+        if (cost := expected_cost(offer, profile, speeds, req, rental, rates, images, memory))
+        is not None
     ]
     # Interruptions faster than the work give an infinite total: such a way ranks last, but
     # an offer whose every way is infinite (a run of thousands of hours) is still an offer.

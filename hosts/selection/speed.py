@@ -38,12 +38,23 @@ class SpeedBook:
     ``by_machine`` and ``by_model`` hold seconds per step of THIS job's workload (observed by
     its earlier attempts; a speed seen on another job must be rescaled by the ratio of the two
     jobs' reference speeds first). ``dlperf_by_model`` is the typical per-GPU DLPerf of each
-    model; ``with_market`` fills it from the offers seen.
+    model; ``with_market`` fills it from the offers seen. ``machine_factors`` holds, for the
+    machines the team's memory knows (``machine_memory.speed_factor``, across all its jobs),
+    the s/step each showed over what was promised: ``estimate_cost`` scales every estimate but
+    a machine's own measurement of this job by it.
     """
 
     by_machine: Mapping[int, float] = field(default_factory=dict)
     by_model: Mapping[str, float] = field(default_factory=dict)
     dlperf_by_model: Mapping[str, float] = field(default_factory=dict)
+    machine_factors: Mapping[int, float] = field(default_factory=dict)
+
+    def machine_factor(self, machine_id: int | None, source: str) -> float:
+        """The factor an estimate from SOURCE on MACHINE_ID is scaled by (1 for a speed this
+        job measured on that machine: it is the machine's own already)."""
+        if machine_id is None or source == SPEED_MACHINE:
+            return 1.0
+        return float(self.machine_factors.get(machine_id, 1.0))
 
     def with_market(self, offers: Iterable[Offer], num_gpus: int | None = None) -> SpeedBook:
         """A copy whose ``dlperf_by_model`` also has each model's median per-GPU DLPerf in
@@ -62,7 +73,12 @@ class SpeedBook:
                 (sized if same else other)[offer.gpu_name].append(per_gpu)
         models = sized.keys() | other.keys()
         medians = {m: statistics.median(sized.get(m) or other[m]) for m in models}
-        return SpeedBook(self.by_machine, self.by_model, {**medians, **self.dlperf_by_model})
+        return SpeedBook(
+            self.by_machine,
+            self.by_model,
+            {**medians, **self.dlperf_by_model},
+            self.machine_factors,
+        )
 
 
 def _reference_dlperf(profile: JobProfile, speeds: SpeedBook) -> float | None:

@@ -7,7 +7,7 @@ the rest of the requirements are checked on the offers it returns (``selection.f
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -34,3 +34,8 @@ def search_offers(client: VastClient, req: selection.Requirements) -> list[Offer
     return client.search_offers(
         selection.vast_query(req), limit=selection.SEARCH_LIMIT, allocated_storage=req.disk_gb
     )
+
+
+def machine_ids(offers: Iterable[Offer]) -> list[int]:
+    """The machines behind OFFERS (those that say which), for the team's memory of them."""
+    return sorted({o.machine_id for o in offers if o.machine_id is not None})

@@ -21,6 +21,7 @@ from datetime import datetime
 from celery.exceptions import SoftTimeLimitExceeded
 
 from hosts import selection
+from hosts.models import MachineRental
 from hosts.vast import (
     CreateOutcomeUnknown,
     InsufficientCredit,
@@ -108,7 +109,10 @@ def _choose_and_create(attempt: Attempt, token: str, *, client: VastClient, now:
     rates = preemption_rates(job.team_id, now=now)
     speeds = speed_book(job, offers, history)
     images = image_cache.image_cached_odds(job.team_id, job.image)
-    decision = selection.choose_offer(offers, req, profile, speeds, rates=rates, images=images)
+    memory = MachineRental.objects.memory(now=now, machine_ids=market.machine_ids(offers))
+    decision = selection.choose_offer(
+        offers, req, profile, speeds, rates=rates, images=images, memory=memory
+    )
     if decision is None:
         return give_up_renting(attempt, now=now, why="no offer matches the requirements")
     onstart = render_bootstrap(attempt, token=token)

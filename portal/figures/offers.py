@@ -8,7 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.utils import timezone
+
 from hosts import selection
+from hosts.models import MachineRental
 from hosts.vast import RetryPolicy, VastClient, VastError
 from jobs import rent_decision
 from jobs.rent_decision import RankedOffer
@@ -31,7 +34,8 @@ class OfferRow:
     out and add up: ``gpu_usd`` is ``usd_per_hour`` x ``train_h``, ``startup_usd`` the same
     price over the GPU-billed start-up (model download, container start; the image pull is
     not GPU time), and ``total_usd`` the sum of every dollar column (None: interruptions come
-    faster than the work, so the run never finishes)."""
+    faster than the work, so the run never finishes). ``start_risk_usd`` is the chance the
+    start fails times what that costs, priced with the team's memory of machines."""
 
     rank: int
     num_gpus: int
@@ -52,6 +56,10 @@ class OfferRow:
     # (``jobs.renting.image_cache``); its pull is priced at the rest. 0: it never pulled it.
     image_cached_chance: float = 0.0
     machine_id: int | None = None
+    # P(the start fails) x what a failed start costs (``selection.failed_start``), and what the
+    # team's memory of the machine says and adds ("" when it has no record of it).
+    start_risk_usd: float = 0.0
+    memory_words: str = ""
 
     @property
     def image_cached_text(self) -> str:
@@ -76,7 +84,7 @@ class OfferRow:
         if self.interruptions_usd is None:
             return None
         parts = (self.gpu_usd, self.startup_usd, self.storage_usd, self.download_usd)
-        return sum(parts) + self.upload_usd + self.interruptions_usd
+        return sum(parts) + self.upload_usd + self.start_risk_usd + self.interruptions_usd
 
     @property
     def texts(self) -> dict[str, str]:
@@ -87,6 +95,7 @@ class OfferRow:
             "storage": self.storage_usd,
             "download": self.download_usd,
             "upload": self.upload_usd,
+            "start_risk": self.start_risk_usd,
             "interruptions": self.interruptions_usd,
             "total": self.total_usd,
         }
@@ -101,6 +110,7 @@ def offer_row(rank: int, candidate: RankedOffer) -> OfferRow:
     train_h = float(cost.get("train_h") or 0.0)
     base = float(cost.get("total_usd") or 0.0)
     expected = candidate.expected_total_usd
+    risk = candidate.start_risk_usd
     return OfferRow(
         rank=rank,
         num_gpus=int(offer.get("num_gpus") or 1),
@@ -116,9 +126,11 @@ def offer_row(rank: int, candidate: RankedOffer) -> OfferRow:
         storage_usd=float(cost.get("storage_usd") or 0.0),
         download_usd=float(cost.get("download_usd") or 0.0),
         upload_usd=float(cost.get("upload_usd") or 0.0),
-        interruptions_usd=None if expected is None else max(expected - base, 0.0),
+        interruptions_usd=None if expected is None else max(expected - base - risk, 0.0),
         image_cached_chance=float(cost.get("image_cached_chance") or 0.0),
         machine_id=offer.get("machine_id"),
+        start_risk_usd=risk,
+        memory_words=candidate.memory_words,
     )
 
 
@@ -173,8 +185,11 @@ def preview_offers(spec: JobSpec, *, team, client: VastClient | None = None) -> 
         return OffersPreview(error=f"The marketplace could not be asked for offers: {exc}")
     speeds = history.speeds.book()
     images = image_cache.image_cached_odds(team.pk, spec.image)
+    memory = MachineRental.objects.memory(
+        now=timezone.now(), machine_ids=market.machine_ids(offers)
+    )
     decision = selection.choose_offer(
-        offers, req, profile, speeds, top_n=PREVIEW_TOP_N, images=images
+        offers, req, profile, speeds, top_n=PREVIEW_TOP_N, images=images, memory=memory
     )
     if decision is None:
         return OffersPreview(
