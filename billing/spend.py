@@ -33,13 +33,23 @@ Reconciliation compares the measured figure alone (``invoiced=False``): a wrong 
 still show as a difference.
 
 An attempt that was never rented (no ``rented_at``) has cost nothing.
+
+A hedged rent's racers (``jobs.models.racer``) are the attempt's money too: the winner's
+instance is the attempt's own (its times and rates are copied onto the attempt when it wins),
+and every other racer (``racer_spend``) is added to the attempt's spend, each at its own
+offer's rates: storage from its create (``rented_at``) to its end, the GPU from when the poll
+first saw it ``running`` (Vast bills no GPU while ``loading``), and its image pull where its
+host bills download, once it began pulling (seen ``loading`` or later): the pull as priced at
+rent, whole, the dear side as for an attempt. Their charges are matched to the attempt by
+instance id (``billing.reconcile.matching``), so the invoice's rule above covers their traffic
+too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
-from datetime import datetime
+from datetime import UTC, datetime
 
 from jobs.rent_decision import RentDecision
 
@@ -78,17 +88,67 @@ def image_pull_bytes(attempt) -> int:
     return int(RentDecision.of(attempt).image_gb * GB)
 
 
+def racers_not_kept(attempt) -> list:
+    """ATTEMPT's racers whose instance is not its own (all but the winner) that a create
+    made; [] for a plain rent. Read once per attempt object (a prefetch of ``racers`` serves
+    it), as its charges are."""
+    if not getattr(attempt, "raced", 0):
+        return []
+    cached = attempt.__dict__.get("_racers_not_kept")
+    if cached is None:
+        cached = [r for r in attempt.racers.all() if r.state != "won" and r.rented_at is not None]
+        attempt.__dict__["_racers_not_kept"] = cached
+    return cached
+
+
+def racer_pulled_bytes(racer, end: datetime) -> int:
+    """The image bytes RACER pulled by END: its pull as priced, once it began pulling."""
+    began = racer.loading_at or racer.running_at or racer.registered_at
+    return int(racer.pull_gb * GB) if began is not None and began <= end else 0
+
+
+def racer_spend(racer, *, now: datetime) -> Spend:
+    """What one racer of a hedged rent cost up to NOW, or its end (module docstring)."""
+    if racer.rented_at is None:
+        return Spend()
+    end = min(racer.ended_at, now) if racer.ended_at else now
+    return Spend(
+        gpu=racer.dph_base * _hours(racer.running_at, end),
+        storage=racer.storage_usd_per_gb_hour * racer.disk_gb * _hours(racer.rented_at, end),
+        download=racer.download_usd_per_gb * racer_pulled_bytes(racer, end) / GB,
+    )
+
+
+def _end(attempt, now: datetime) -> datetime:
+    return min(attempt.ended_at, now) if attempt.ended_at else now
+
+
 def traffic_bytes(attempt) -> tuple[int, int]:
-    """Bytes (down, up) ATTEMPT moved as measured, the image pull estimate included."""
+    """Bytes (down, up) ATTEMPT moved as measured, the image pull estimate included (its
+    racers' pulls too)."""
     down = max(attempt.net_rx_bytes, attempt.bytes_down) + image_pull_bytes(attempt)
+    end = attempt.ended_at or datetime.max.replace(tzinfo=UTC)
+    down += sum(racer_pulled_bytes(r, end) for r in racers_not_kept(attempt))
     return down, max(attempt.net_tx_bytes, attempt.bytes_up)
 
 
-def traffic_usd(attempt, *, invoiced: bool = True) -> tuple[float, float]:
+def traffic_usd(
+    attempt, *, invoiced: bool = True, now: datetime | None = None
+) -> tuple[float, float]:
     """Dollars (download, upload) of ATTEMPT's traffic: measured, or with INVOICED what the
-    imported invoice billed, by the rule in the module docstring."""
-    down, up = traffic_bytes(attempt)
-    measured = (attempt.download_usd_per_gb * down / GB, attempt.upload_usd_per_gb * up / GB)
+    imported invoice billed, by the rule in the module docstring. Its racers' pulls are
+    priced at their own hosts' rates."""
+    own_down = max(attempt.net_rx_bytes, attempt.bytes_down) + image_pull_bytes(attempt)
+    up = max(attempt.net_tx_bytes, attempt.bytes_up)
+    end = _end(attempt, now) if now is not None else attempt.ended_at
+    end = end or datetime.max.replace(tzinfo=UTC)
+    racers = sum(
+        r.download_usd_per_gb * racer_pulled_bytes(r, end) / GB for r in racers_not_kept(attempt)
+    )
+    measured = (
+        attempt.download_usd_per_gb * own_down / GB + racers,
+        attempt.upload_usd_per_gb * up / GB,
+    )
     if not invoiced or attempt.billed_through is None:
         return measured
     billed = (attempt.billed_download_usd or 0.0, attempt.billed_upload_usd or 0.0)
@@ -112,14 +172,16 @@ def attempt_spend(attempt, *, now: datetime, invoiced: bool = True) -> Spend:
     False leaves billed traffic out (reconciliation's recorded side)."""
     if attempt.rented_at is None:
         return Spend()
-    end = min(attempt.ended_at, now) if attempt.ended_at else now
-    download, upload = traffic_usd(attempt, invoiced=invoiced)
+    end = _end(attempt, now)
+    download, upload = traffic_usd(attempt, invoiced=invoiced, now=now)
     offline = offline_hours(attempt, end)
     gpu_h = max(_hours(attempt.registered_at, end) - offline, 0.0)
     storage_h = max(_hours(attempt.rented_at, end) - offline, 0.0)
+    racers = [racer_spend(r, now=end) for r in racers_not_kept(attempt)]
     return Spend(
-        gpu=attempt.dph_base * gpu_h,
-        storage=attempt.storage_usd_per_gb_hour * attempt.disk_gb * storage_h,
+        gpu=attempt.dph_base * gpu_h + sum(r.gpu for r in racers),
+        storage=attempt.storage_usd_per_gb_hour * attempt.disk_gb * storage_h
+        + sum(r.storage for r in racers),
         download=download,
         upload=upload,
     )
@@ -159,12 +221,20 @@ def attempt_spend_between(attempt, lo: datetime, hi: datetime, *, now: datetime)
     share = _overlap_hours(attempt.rented_at, end, lo, hi) / life_h if life_h > 0 else 0.0
     if life_h == 0 and lo <= attempt.rented_at < hi:
         share = 1.0
-    download, upload = traffic_usd(attempt)
+    download, upload = traffic_usd(attempt, now=now)
+    racers = racers_not_kept(attempt)
     return Spend(
-        gpu=attempt.dph_base * _overlap_hours(attempt.registered_at, end, lo, hi),
+        gpu=attempt.dph_base * _overlap_hours(attempt.registered_at, end, lo, hi)
+        + sum(r.dph_base * _overlap_hours(r.running_at, _end(r, end), lo, hi) for r in racers),
         storage=attempt.storage_usd_per_gb_hour
         * attempt.disk_gb
-        * _overlap_hours(attempt.rented_at, end, lo, hi),
+        * _overlap_hours(attempt.rented_at, end, lo, hi)
+        + sum(
+            r.storage_usd_per_gb_hour
+            * r.disk_gb
+            * _overlap_hours(r.rented_at, _end(r, end), lo, hi)
+            for r in racers
+        ),
         download=download * share,
         upload=upload * share,
     )
@@ -184,4 +254,9 @@ def burn_rate_per_hour(attempt, *, now: datetime) -> float:
     if attempt.rented_at is None or attempt.ended_at is not None:
         return 0.0
     gpu = attempt.dph_base if attempt.registered_at is not None else 0.0
-    return gpu + attempt.storage_usd_per_gb_hour * attempt.disk_gb
+    racing = sum(
+        r.storage_usd_per_gb_hour * r.disk_gb + (r.dph_base if r.running_at else 0.0)
+        for r in racers_not_kept(attempt)
+        if r.ended_at is None
+    )
+    return gpu + attempt.storage_usd_per_gb_hour * attempt.disk_gb + racing
