@@ -120,7 +120,7 @@ def test_a_racer_may_fetch_the_agent_before_it_registers_but_not_beat(vast, toke
 
 
 def test_the_timeline_says_which_host_was_kept_and_what_the_loser_cost(vast, tokens, client):
-    attempt, now = raced(vast, k=2)
+    attempt, _ = raced(vast, k=2)
     first, second = attempt.racers.order_by("position")
     # Both were created 71 s ago; the loser was pulling its image.
     created = timezone.now() - timedelta(seconds=71)
@@ -145,7 +145,7 @@ def test_the_timeline_says_which_host_was_kept_and_what_the_loser_cost(vast, tok
 def test_the_poll_leaves_an_open_race_alone_and_destroys_a_losers_instance_at_once(
     vast, tokens, client, sandbox
 ):
-    attempt, now = raced(vast, k=2)
+    attempt, _ = raced(vast, k=2)
     first, second = attempt.racers.order_by("position")
 
     passes.tick(now=timezone.now(), poll_provider=True)
@@ -177,7 +177,7 @@ def test_a_racer_whose_host_fails_is_out_and_its_machine_avoided_while_the_other
     vast, tokens, sandbox
 ):
     attempt, _ = raced(vast, k=2)
-    first, second = attempt.racers.order_by("position")
+    first, _ = attempt.racers.order_by("position")
 
     sandbox.inject(first.instance_id, "destroy")  # its host is lost while it loads
     passes.tick(now=timezone.now(), poll_provider=True)
