@@ -38,7 +38,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Max
+from django.db.models import DateTimeField, F, Max, Value
 from django.db.models.functions import Coalesce
 
 from hosts import selection
@@ -256,27 +256,44 @@ def start_race(
     for entry in entries[:MAX_CREATES]:
         if tally.entered >= plan.k or tally.stop:
             break
-        racer, token = enter_racer(attempt, entry, plan, now=now)
-        if isinstance(racer, str):
-            if racer == CLAIMED:  # its create may be under way: this rent sends none
-                tally.skipped.append(
-                    f"offer {entry.ranked.offer.id} is being rented by another rent"
-                )
+        entered = enter_racer(attempt, entry, plan, now=now)
+        if entered.racer is None:
+            offer_id = entry.ranked.offer.id
+            if entered.refused == CLAIMED:  # its create may be under way: this rent sends none
+                tally.skipped.append(f"offer {offer_id} is being rented by another rent")
             else:
-                tally.stop = racer
+                tally.stop = entered.refused
+            if entered.refused == BUDGET:
+                tally.skipped.append(f"no racer on offer {offer_id}: {entered.why}")
             continue
         create_racer(
-            attempt, racer, entry, token, tally, client=client, image_login=image_login, now=now
+            attempt,
+            entered.racer,
+            entry,
+            entered.token,
+            tally,
+            client=client,
+            image_login=image_login,
+            now=now,
         )
     return race_outcome(attempt, plan, tally, now=now)
 
 
-def enter_racer(
-    attempt: Attempt, entry: Entry, plan: odds.RacePlan, *, now: datetime
-) -> tuple[Racer | str, str]:
-    """Commit ENTRY's racer for ATTEMPT with its offer's claim and its budget hold, before its
-    create: (the racer, its token), or (why not, ""): CLAIMED (another rent holds the offer),
-    BUDGET (the hold would cross a limit), CLOSED (the race was decided, or the attempt ended)."""
+@dataclass(frozen=True)
+class Entered:
+    """A racer committed before its create, and its agent's token; or why none was: CLAIMED
+    (another rent holds the offer), BUDGET (its hold would cross a limit: WHY says which),
+    CLOSED (the race was decided, or the attempt ended)."""
+
+    racer: Racer | None = None
+    token: str = ""
+    refused: str = ""
+    why: str = ""
+
+
+def enter_racer(attempt: Attempt, entry: Entry, plan: odds.RacePlan, *, now: datetime) -> Entered:
+    """Commit ENTRY's racer for ATTEMPT with its offer's claim and its budget hold (what it
+    costs should it lose), in one transaction, before its create."""
     offer, ranked = entry.ranked.offer, entry.ranked
     amount = plan.loser_usd(entry.contender)
     token = issue_token()
@@ -288,9 +305,10 @@ def enter_racer(
                 instance_id=None,
             )
             if not live.exists():
-                return CLOSED, ""
-            if not spending.gate().reserve_racer(attempt.job, amount_usd=amount, now=now).allowed:
-                return BUDGET, ""
+                return Entered(refused=CLOSED)
+            verdict = spending.gate().reserve_racer(attempt.job, amount_usd=amount, now=now)
+            if not verdict.allowed:
+                return Entered(refused=BUDGET, why=verdict.reason)
             position = (attempt.racers.aggregate(n=Max("position"))["n"] or 0) + 1
             racer = Racer.objects.create(
                 attempt=attempt,
@@ -312,10 +330,11 @@ def enter_racer(
             )
             if not offer_claims.claim_offer(offer.id, attempt=attempt, racer=racer, now=now):
                 raise _OfferHeld
-            live.update(raced=F("raced") + 1, create_sent_at=Coalesce("create_sent_at", now))
+            sent = Coalesce("create_sent_at", Value(now, output_field=DateTimeField()))
+            live.update(raced=F("raced") + 1, create_sent_at=sent)
     except _OfferHeld:
-        return CLAIMED, ""
-    return racer, token.token
+        return Entered(refused=CLAIMED)
+    return Entered(racer=racer, token=token.token)
 
 
 def create_racer(
