@@ -265,7 +265,7 @@ def lifecycle_claim(attempt) -> None:
     attempt.refresh_from_db()
 
 
-# --- A race where every racer fails goes on --------------------------------------------------------
+# --- A race where every racer fails goes on -----------------------------------------------------
 
 
 def test_a_race_where_every_racer_fails_goes_on_to_the_next_offers_without_backoff(

@@ -122,7 +122,7 @@ def test_a_shared_accounts_import_keeps_the_charges_of_a_teams_losers():
 
 
 def test_reconciliation_counts_the_losers_hours_and_bytes_with_the_attempts():
-    attempt, loser = race_won()
+    attempt, _ = race_won()
     end = T0 + timedelta(hours=1)
     attempt.ended_at = end
     attempt.save(update_fields=["ended_at"])
