@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.urls import reverse
 from django.utils import timezone
 
 from billing.cost import job_cost
@@ -17,7 +18,7 @@ from hosts.vast import VastClient
 from jobs import lifecycle
 from jobs.models import AttemptState, JobEvent, Racer, RacerState, parse_label
 from jobs.rent_decision import RentDecision
-from jobs.renting import race
+from jobs.renting import race_end, race_start
 from jobs.renting import rent as renting
 from jobs.watchdog import passes
 from nomadgpu.humanize import duration, money
@@ -36,7 +37,7 @@ def tokens(monkeypatch) -> list[str]:
     """Each racer's agent token as its create carried it (its onstart does nothing here)."""
     issued: list[str] = []
     monkeypatch.setattr(
-        race, "render_bootstrap", lambda attempt, token: issued.append(token) or "true"
+        race_start, "render_bootstrap", lambda attempt, token: issued.append(token) or "true"
     )
     return issued
 
@@ -142,6 +143,20 @@ def test_the_timeline_says_which_host_was_kept_and_what_the_loser_cost(vast, tok
     assert cost.as_dict()["storage"] >= round(racer_spend(second, now=second.ended_at).storage, 6)
 
 
+def test_the_job_page_says_why_it_raced_and_which_host_it_kept(vast, tokens, client, cast):
+    attempt, _ = raced(vast, k=2, team=cast.team_a)
+    first, second = attempt.racers.order_by("position")
+    assert call(client, tokens[0], "register", REGISTER).status_code == 200
+    client.force_login(cast.member)
+
+    html = client.get(reverse("job-detail", args=[attempt.job_id])).content.decode()
+
+    assert "Racing 2 hosts (race = N): a host expected in" in html
+    assert f"raced 2 hosts: kept {first.instance_id} (ready in" in html
+    assert f"destroyed {second.instance_id}" in html
+    assert "raced 2 hosts</li>" in html or "· raced 2 hosts" in html
+
+
 def test_the_poll_leaves_an_open_race_alone_and_destroys_a_losers_instance_at_once(
     vast, tokens, client, sandbox
 ):
@@ -166,8 +181,8 @@ def test_the_destroy_after_a_win_stops_the_losers_billing(vast, tokens, client, 
     first, second = attempt.racers.order_by("position")
     assert call(client, tokens[0], "register", REGISTER).status_code == 200
 
-    assert race.destroy_racer_instance(second.pk, now=timezone.now(), client=vast)
-    assert not race.destroy_racer_instance(first.pk, now=timezone.now(), client=vast)  # kept
+    assert race_end.destroy_racer_instance(second.pk, now=timezone.now(), client=vast)
+    assert not race_end.destroy_racer_instance(first.pk, now=timezone.now(), client=vast)  # kept
 
     assert sandbox.debug(second.instance_id)["billing_now"] == []
     assert {i.id for i in vast.list_instances()} == {first.instance_id}

@@ -20,7 +20,7 @@ from hosts import selection
 from hosts.vast import CreatedInstance, VastClient
 from jobs import lifecycle, racers
 from jobs.models import AttemptState, JobState, OfferClaim, Racer, RacerState
-from jobs.renting import market, offer_claims, race
+from jobs.renting import market, offer_claims, race, race_end, race_start
 from jobs.renting import rent as renting
 from jobs.renting.terms import profile_for, requirements_for
 from jobs.watchdog import passes
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def quiet_bootstrap(monkeypatch) -> None:
     """The racers' onstart does nothing (no agent is wanted here)."""
-    monkeypatch.setattr(race, "render_bootstrap", lambda attempt, token: "true")
+    monkeypatch.setattr(race_start, "render_bootstrap", lambda attempt, token: "true")
     monkeypatch.setattr(renting, "render_bootstrap", lambda attempt, token: "true")
 
 
@@ -190,7 +190,7 @@ def test_a_racer_whose_timed_out_create_shows_no_instance_waits_for_the_watchdog
     # After the grace the watchdog voids them, and the rent is given up with its backoff.
     settings.REQUESTED_GRACE_S = 0
     later = now + timezone.timedelta(seconds=settings.ADOPT_AFTER_S + 1)
-    race.settle_requested_race(attempt, {}, now=later)
+    race_end.settle_requested_race(attempt, {}, now=later)
     attempt.refresh_from_db()
     assert attempt.state == AttemptState.ENDED
     assert set(attempt.racers.values_list("state", flat=True)) == {RacerState.VOID}
@@ -246,7 +246,9 @@ def test_every_racer_holds_budget_before_its_create_and_the_race_narrows_to_the_
     lifecycle_claim(attempt)
     client = CountingClient()
 
-    assert race.start_race(attempt, decision, plan, entries, client=client, now=now) == "racing"
+    assert (
+        race_start.start_race(attempt, decision, plan, entries, client=client, now=now) == "racing"
+    )
 
     assert client.created == [entries[0].ranked.offer.id, entries[1].ranked.offer.id]
     held = BudgetReservation.objects.get(job=job).amount_usd

@@ -3,7 +3,7 @@ why there is none, which the API answers 401 (unknown), 503 (not recorded as ren
 (ended: the agent must stop, fencing).
 
 A hedged rent's racer (``jobs.models.racer``) holds a token of its own until its race is
-decided: its register wins the race (``jobs.renting.race.win``: its token becomes the
+decided: its register wins the race (``jobs.renting.race_end.win``: its token becomes the
 attempt's), its bootstrap may fetch the agent meanwhile, and anything else waits (503) until
 it has registered. Once its race is over its token is dead (410): its agent stops.
 """
@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from jobs.agent_api import heartbeat_store
 from jobs.models import ON_HOST_STATES, Attempt, AttemptState, Racer, RacerState
-from jobs.renting import race
+from jobs.renting import race_end
 from nomadgpu.tokens import token_matches, token_prefix
 
 # Every agent call authenticates, so the lookup leaves out what most calls never read: the
@@ -74,8 +74,8 @@ def _racer_checked(prefix: str, token: str, *, racer: str | None) -> Attempt:
     if racer != RACER_WINS or found.state != RacerState.RACING:
         raise AttemptNotRentedYet  # not adopted yet, or a call before its register: wait
     try:
-        return race.win(found.pk, now=timezone.now())
-    except race.RaceOver as exc:
+        return race_end.win(found.pk, now=timezone.now())
+    except race_end.RaceOver as exc:
         raise TokenDead(str(exc)) from exc
 
 

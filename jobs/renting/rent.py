@@ -34,7 +34,17 @@ from jobs import attention, lifecycle
 from jobs.bootstrap import render_bootstrap
 from jobs.code import job_secrets
 from jobs.models import Attempt, AttemptState, Job
-from jobs.renting import claims, image_cache, market, measures, offer_claims, race, shape_history
+from jobs.renting import (
+    claims,
+    image_cache,
+    market,
+    measures,
+    offer_claims,
+    race,
+    race_end,
+    race_start,
+    shape_history,
+)
 from jobs.renting.creates import (
     destroy_created_stopped,
     note_refused_offer,
@@ -119,7 +129,7 @@ def _choose_and_create(attempt: Attempt, token: str, *, client: VastClient, now:
         return give_up_renting(attempt, now=now, why="no offer matches the requirements")
     plan, entries = race.plan_for(job, decision, now=now)
     if plan.k > 1:  # a hedged rent (jobs.renting.race); None: its budget allows one host only
-        raced = race.start_race(attempt, decision, plan, entries, client=client, now=now)
+        raced = race_start.start_race(attempt, decision, plan, entries, client=client, now=now)
         if raced is not None:
             return raced
     record = race.decision_record(decision, plan)
@@ -266,7 +276,7 @@ def settle_if_claimer_died(
     if attempt.raced:  # a hedged rent: its racers' creates, by their labels
         with market.team_client(attempt.job.team, client=client) as vast:
             listed = {i.label: i for i in vast.list_instances() if i.label}
-        return race.settle_requested_race(attempt, listed, now=now, claimer_dead=True)
+        return race_end.settle_requested_race(attempt, listed, now=now, claimer_dead=True)
     instance = None
     if attempt.create_sent_at is not None:
         own_client = client is None

@@ -2,7 +2,7 @@
 against Vast's instance list, and the instances of racers out of their race.
 
 - A racer whose create's outcome is unknown is adopted by its label, or voided after grace
-  (``race.adopt_racer``).
+  (``race_end.adopt_racer``).
 - A racing racer's host that fails on its own (gone, exited, offline, unknown twice, its
   container runtime failed, given up before running: ``instance_status.provider_loss``, the
   rules an attempt's host is judged by) fails the racer: its instance is destroyed and its
@@ -28,7 +28,7 @@ from hosts.vast import Instance, VastClient, VastError
 from jobs import lifecycle, racers
 from jobs.lifecycle import Loss
 from jobs.models import Attempt, AttemptState, Racer, RacerState
-from jobs.renting import claims, race
+from jobs.renting import claims, race_end
 from jobs.watchdog.instance_status import provider_loss
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def is_racing(attempt: Attempt) -> bool:
 def settle_requested(attempt: Attempt, by_label: dict[str, Instance], *, now: datetime) -> None:
     """A requested attempt with racers: their creates adopted by label, or voided after grace
     (at once, or after ``ADOPT_AFTER_S``, when the rent's worker died)."""
-    race.settle_requested_race(
+    race_end.settle_requested_race(
         attempt, by_label, now=now, claimer_dead=claims.claim_is_dead(attempt, now=now)
     )
 
@@ -56,7 +56,7 @@ def follow_race(
     for racer in attempt.racers.open().order_by("position"):
         if racer.state == RacerState.REQUESTED:
             found = by_label.get(racer.label)
-            race.adopt_racer(racer, found.id if found else None, now=now)
+            race_end.adopt_racer(racer, found.id if found else None, now=now)
             continue
         instance = by_id.get(racer.instance_id)
         note_racer_status(racer, instance, now=now)
