@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
+from django.urls import reverse
 
 from billing import reconcile
 from billing.cost import job_cost
@@ -16,7 +17,14 @@ from billing.invoices import charge_filter
 from billing.models import Charge
 from billing.spend import GB, attempt_spend, racer_spend
 from jobs.models import Racer, RacerState
-from tests.support.factories import ChargeFactory, ChargeItemFactory, JobFactory, make_attempt
+from nomadgpu.humanize import money
+from tests.support.factories import (
+    ChargeFactory,
+    ChargeItemFactory,
+    JobFactory,
+    UserFactory,
+    make_attempt,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -136,3 +144,17 @@ def test_reconciliation_counts_the_losers_hours_and_bytes_with_the_attempts():
     assert by_name["download"].recorded_qty == pytest.approx(3.0)
     assert by_name["download"].recorded == pytest.approx(0.03)
     assert GB == 1024**3
+
+
+def test_the_admin_shows_an_attempts_racers_and_what_each_cost(client):
+    attempt, loser = race_won()
+    client.force_login(UserFactory(is_superuser=True, is_staff=True))
+
+    page = client.get(reverse("admin:jobs_attempt_change", args=[attempt.pk])).content.decode()
+    listed = client.get(reverse("admin:jobs_racer_changelist")).content.decode()
+
+    cost = money(racer_spend(loser, now=loser.ended_at).total)
+    assert "the attempt&#x27;s" in page  # the winner's cost is the attempt's own
+    assert cost in page
+    assert str(loser.instance_id) in listed
+    assert cost in listed
