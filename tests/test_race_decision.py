@@ -167,7 +167,15 @@ FIELD_REQUIREMENTS = selection.Requirements(  # and its requirements (rental: Jo
 WEATHER_STARTS = {"typical": (3, 50), "bad": (12, 50)}
 
 
-def field_contenders(failed: int, decided: int, deadline_s: float) -> list[odds.Contender]:
+def bytes_deadline_s(pull_s: float) -> float:
+    """The start deadline from bytes as the ``i39-deadlines`` branch sets it for an advertised
+    link: Vast's 300 s, three times the pull, 60 s for the agent (its ``start_due``)."""
+    return 300.0 + 3 * pull_s + 60.0
+
+
+def field_contenders(failed: int, decided: int, deadline_s: float | None) -> list[odds.Contender]:
+    """The bundled market's candidates for the field report's job, one per machine; DEADLINE_S
+    None: the bytes deadline of each."""
     offers, _ = load_market()
     decision = selection.choose_offer(offers, FIELD_REQUIREMENTS, FIELD_JOB, selection.SpeedBook())
     found, seen = [], set()
@@ -175,7 +183,9 @@ def field_contenders(failed: int, decided: int, deadline_s: float) -> list[odds.
         if ranked.offer.machine_id in seen:
             continue
         seen.add(ranked.offer.machine_id)
-        ready = odds.time_to_ready_s(ranked.cost.image_pull_h * 3600)
+        pull_s = ranked.cost.image_pull_h * 3600
+        ready = odds.time_to_ready_s(pull_s)
+        deadline = deadline_s if deadline_s is not None else bytes_deadline_s(pull_s)
         found.append(
             odds.Contender(
                 offer_id=ranked.offer.id,
@@ -184,7 +194,7 @@ def field_contenders(failed: int, decided: int, deadline_s: float) -> list[odds.
                     ranked.offer.reliability, failed=failed, decided=decided
                 ),
                 ready_s=ready,
-                fail_s=odds.failure_known_s(ready, deadline_s=deadline_s),
+                fail_s=odds.failure_known_s(ready, deadline_s=deadline),
                 usd_per_h=ranked.offer.storage_usd_per_gb_hour * 50.0,
                 pull_usd=3.2 * ranked.offer.download_usd_per_gb,
                 total_usd=ranked.expected_total_usd,
@@ -211,3 +221,15 @@ def test_the_field_reports_job_races_two_hosts_and_not_the_third_that_bills_its_
     # The losers are well under 3 % of the job's expected total.
     assert plan.extra_usd < 0.03 * contenders[0].total_usd
     assert math.isfinite(alone.wait_s)
+
+
+@pytest.mark.parametrize(("weather", "k"), [("typical", 1), ("bad", 2)])
+def test_with_start_deadlines_from_bytes_the_field_reports_job_races_only_in_bad_weather(
+    weather, k
+):
+    # A never-ready host is given up after about 7 min, not 20: a failed start costs less
+    # waiting, so racing pays only where starts fail often.
+    failed, decided = WEATHER_STARTS[weather]
+    contenders, hour_value = field_contenders(failed, decided, deadline_s=None)
+
+    assert odds.plan_race(contenders, hour_value_usd=hour_value).k == k
