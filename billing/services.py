@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from django.db.models import Q
+from django.db.models import F, Q, Value
+from django.db.models.functions import Greatest
 
 from billing import next_steps
 from billing.models import BudgetPause, BudgetReservation, LimitKind, TeamBudget
@@ -312,6 +313,42 @@ def reserve_for_rent(job: Job, *, now: datetime) -> Verdict:
         },
     )
     return ALLOW
+
+
+def reserve_for_racer(job: Job, *, amount_usd: float, now: datetime) -> Verdict:
+    """Before a racer of JOB's hedged rent is created (``jobs.renting.race``): hold AMOUNT_USD,
+    what it costs should it lose, on top of what the job holds already, or refuse it when that
+    would cross a limit (the race then has one racer fewer). Locked as the rent's reservation."""
+    if job.budget_usd is None and not TeamBudget.objects.filter(team_id=job.team_id).exists():
+        return ALLOW
+    TeamBudget.objects.select_for_update().get_or_create(team_id=job.team_id)
+    reservation = BudgetReservation.objects.filter(job=job).first()
+    own = held_usd(reservation, now=now) if reservation else 0.0
+    blocker = estimate_blocker(job, own + amount_usd, now=now)
+    if blocker is not None:
+        return Verdict(allowed=False, reason=blocker, retry_after_s=RECHECK_S)
+    if reservation is None:
+        BudgetReservation.objects.create(
+            job=job,
+            team_id=job.team_id,
+            amount_usd=amount_usd,
+            spent_at_usd=job_spend(job, now=now).total,
+            created_at=now,
+        )
+    else:
+        BudgetReservation.objects.filter(pk=reservation.pk).update(
+            amount_usd=F("amount_usd") + amount_usd
+        )
+    return ALLOW
+
+
+def release_racer(job: Job, *, reserved_usd: float, spent_usd: float, now: datetime) -> None:
+    """A racer of JOB left its race: the RESERVED_USD it held goes, and the SPENT_USD it cost
+    (already in the job's spend) no longer eats into what the rest of the run holds."""
+    BudgetReservation.objects.filter(job=job).update(
+        amount_usd=Greatest(F("amount_usd") - reserved_usd, Value(0.0)),
+        spent_at_usd=F("spent_at_usd") + spent_usd,
+    )
 
 
 # --- Resume -----------------------------------------------------------------------------------

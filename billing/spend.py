@@ -37,6 +37,15 @@ compares it with what Vast billed; a job's cost shows it until the invoice cover
 (``billing.cost``), and the invoice then, with its own label.
 
 An attempt that was never rented (no ``rented_at``) has cost nothing.
+
+A hedged rent's racers (``jobs.models.racer``) are the attempt's money too: the winner's
+instance is the attempt's own (its times and rates are copied onto the attempt when it wins),
+and every other racer (``racer_spend``) is added to the attempt's spend, each at its own
+offer's rates: storage from its create (``rented_at``) to its end, the GPU from when the poll
+first saw it ``running`` (Vast bills no GPU while ``loading``), and its image pull where its
+host bills download, once it began pulling (seen ``loading`` or later): the pull as priced at
+rent, whole (the dear side: a racer is destroyed mid-pull, and no counter of ours ran in it).
+Their charges are matched to the attempt by instance id (``billing.reconcile.matching``).
 """
 
 from __future__ import annotations
@@ -86,17 +95,58 @@ def gpu_started_at(attempt) -> datetime | None:
     return max(started, attempt.rented_at)  # a host's clock cannot start it before the rent
 
 
-def traffic_bytes(attempt, *, now: datetime) -> tuple[int, int]:
-    """Bytes (down, up) ATTEMPT moved as recorded at NOW: the larger counter each way, and
-    downloaded, the image pull where it happened (``billing.image_pull``)."""
+def racers_not_kept(attempt) -> list:
+    """ATTEMPT's racers whose instance is not its own (all but the winner) that a create
+    made; [] for a plain rent. Read once per attempt object (a prefetch of ``racers`` serves
+    it), as its charges are."""
+    if not getattr(attempt, "raced", 0):
+        return []
+    cached = attempt.__dict__.get("_racers_not_kept")
+    if cached is None:
+        cached = [r for r in attempt.racers.all() if r.state != "won" and r.rented_at is not None]
+        attempt.__dict__["_racers_not_kept"] = cached
+    return cached
+
+
+def racer_pulled_bytes(racer, end: datetime) -> int:
+    """The image bytes RACER pulled by END: its pull as priced, once it began pulling."""
+    began = racer.loading_at or racer.running_at or racer.registered_at
+    return int(racer.pull_gb * GB) if began is not None and began <= end else 0
+
+
+def racer_spend(racer, *, now: datetime) -> Spend:
+    """What one racer of a hedged rent cost up to NOW, or its end (module docstring)."""
+    if racer.rented_at is None:
+        return Spend()
+    end = min(racer.ended_at, now) if racer.ended_at else now
+    return Spend(
+        gpu=racer.dph_base * _hours(racer.running_at, end),
+        storage=racer.storage_usd_per_gb_hour * racer.disk_gb * _hours(racer.rented_at, end),
+        download=racer.download_usd_per_gb * racer_pulled_bytes(racer, end) / GB,
+    )
+
+
+def _own_traffic_bytes(attempt, *, now: datetime) -> tuple[int, int]:
     down = max(attempt.net_rx_bytes, attempt.bytes_down) + recorded_pull(attempt, now=now).bytes
     return down, max(attempt.net_tx_bytes, attempt.bytes_up)
 
 
+def traffic_bytes(attempt, *, now: datetime) -> tuple[int, int]:
+    """Bytes (down, up) ATTEMPT moved as recorded at NOW: the larger counter each way, and
+    downloaded, the image pull where it happened (``billing.image_pull``), its other racers'
+    pulls too."""
+    down, up = _own_traffic_bytes(attempt, now=now)
+    return down + sum(racer_pulled_bytes(r, now) for r in racers_not_kept(attempt)), up
+
+
 def traffic_usd(attempt, *, now: datetime) -> tuple[float, float]:
-    """Dollars (download, upload) of ATTEMPT's recorded traffic at NOW."""
-    down, up = traffic_bytes(attempt, now=now)
-    return attempt.download_usd_per_gb * down / GB, attempt.upload_usd_per_gb * up / GB
+    """Dollars (download, upload) of ATTEMPT's recorded traffic at NOW, its racers' pulls at
+    their own hosts' rates."""
+    down, up = _own_traffic_bytes(attempt, now=now)
+    racers = sum(
+        r.download_usd_per_gb * racer_pulled_bytes(r, now) / GB for r in racers_not_kept(attempt)
+    )
+    return attempt.download_usd_per_gb * down / GB + racers, attempt.upload_usd_per_gb * up / GB
 
 
 def offline_hours(attempt, end: datetime) -> float:
@@ -119,9 +169,11 @@ def attempt_spend(attempt, *, now: datetime) -> Spend:
     offline = offline_hours(attempt, end)
     gpu_h = max(_hours(gpu_started_at(attempt), end) - offline, 0.0)
     storage_h = max(_hours(attempt.rented_at, end) - offline, 0.0)
+    racers = [racer_spend(r, now=end) for r in racers_not_kept(attempt)]
     return Spend(
-        gpu=attempt.dph_base * gpu_h,
-        storage=attempt.storage_usd_per_gb_hour * attempt.disk_gb * storage_h,
+        gpu=attempt.dph_base * gpu_h + sum(r.gpu for r in racers),
+        storage=attempt.storage_usd_per_gb_hour * attempt.disk_gb * storage_h
+        + sum(r.storage for r in racers),
         download=download,
         upload=upload,
     )
@@ -138,6 +190,10 @@ def total_spend(attempts: Iterable, *, now: datetime) -> Spend:
 def job_spend(job, *, now: datetime) -> Spend:
     """Everything JOB has cost so far, across all its attempts (recoveries included once each)."""
     return total_spend(job.attempts.all(), now=now)
+
+
+def _end(attempt, now: datetime) -> datetime:
+    return min(attempt.ended_at, now) if attempt.ended_at else now
 
 
 def _overlap_hours(start: datetime | None, end: datetime, lo: datetime, hi: datetime) -> float:
@@ -162,11 +218,19 @@ def attempt_spend_between(attempt, lo: datetime, hi: datetime, *, now: datetime)
     if life_h == 0 and lo <= attempt.rented_at < hi:
         share = 1.0
     download, upload = traffic_usd(attempt, now=end)
+    racers = racers_not_kept(attempt)
     return Spend(
-        gpu=attempt.dph_base * _overlap_hours(gpu_started_at(attempt), end, lo, hi),
+        gpu=attempt.dph_base * _overlap_hours(gpu_started_at(attempt), end, lo, hi)
+        + sum(r.dph_base * _overlap_hours(r.running_at, _end(r, end), lo, hi) for r in racers),
         storage=attempt.storage_usd_per_gb_hour
         * attempt.disk_gb
-        * _overlap_hours(attempt.rented_at, end, lo, hi),
+        * _overlap_hours(attempt.rented_at, end, lo, hi)
+        + sum(
+            r.storage_usd_per_gb_hour
+            * r.disk_gb
+            * _overlap_hours(r.rented_at, _end(r, end), lo, hi)
+            for r in racers
+        ),
         download=download * share,
         upload=upload * share,
     )
@@ -186,4 +250,9 @@ def burn_rate_per_hour(attempt, *, now: datetime) -> float:
     if attempt.rented_at is None or attempt.ended_at is not None:
         return 0.0
     gpu = attempt.dph_base if gpu_started_at(attempt) is not None else 0.0
-    return gpu + attempt.storage_usd_per_gb_hour * attempt.disk_gb
+    racing = sum(
+        r.storage_usd_per_gb_hour * r.disk_gb + (r.dph_base if r.running_at else 0.0)
+        for r in racers_not_kept(attempt)
+        if r.ended_at is None
+    )
+    return gpu + attempt.storage_usd_per_gb_hour * attempt.disk_gb + racing

@@ -4,7 +4,7 @@ from django import forms
 from django.contrib import admin
 from django.utils import timezone
 
-from jobs import attention, lifecycle
+from jobs import attention, lifecycle, spending
 from jobs.code import job_secrets
 from jobs.models import (
     Attempt,
@@ -14,6 +14,9 @@ from jobs.models import (
     JobEvent,
     JobState,
     LossPoint,
+    OfferClaim,
+    Racer,
+    RacerState,
     StagedObject,
     WorkdirPack,
 )
@@ -21,7 +24,7 @@ from jobs.recovery_times import recovery_times
 from jobs.spec import RESOLVED_AT_SUBMIT, JobSpec, MissingSecret, ValidationError, check_team_refs
 from jobs.spending import BudgetExceeded
 from nomadgpu.admin_scoping import TeamScopedAdmin
-from nomadgpu.humanize import duration
+from nomadgpu.humanize import duration, money
 
 # The workdir is stored as submit resolved it (a git ref's commit): shown, not edited.
 SPEC_FIELDS = tuple(name for name in JobSpec.model_fields if name not in RESOLVED_AT_SUBMIT)
@@ -167,6 +170,31 @@ class CheckpointInline(admin.TabularInline):
         return False
 
 
+class RacerInline(admin.TabularInline):
+    """A hedged rent's racers (``jobs.renting.race``): read only, they move with their race."""
+
+    model = Racer
+    extra = 0
+    can_delete = False
+    fields = ["position", "state", "end_reason", "instance_id", "machine_id", "offer_id", "cost"]
+    readonly_fields = fields
+
+    @admin.display(description="cost so far ($)")
+    def cost(self, racer: Racer) -> str:
+        return racer_cost_text(racer)
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
+def racer_cost_text(racer: Racer) -> str:
+    """What RACER has cost, as billing counts it (``jobs.spending``'s ``racer_cost``)."""
+    if racer.state == RacerState.WON:
+        return "the attempt's"
+    cost = spending.gate().racer_cost(racer, now=timezone.now())
+    return "—" if cost is None else money(cost)
+
+
 @admin.register(Attempt)
 class AttemptAdmin(TeamScopedAdmin):
     team_path = "job__team"
@@ -192,7 +220,7 @@ class AttemptAdmin(TeamScopedAdmin):
         for f in Attempt._meta.fields
         if f.name != "token_digest"
     ]
-    inlines = [CheckpointInline]
+    inlines = [RacerInline, CheckpointInline]
 
     @admin.display(description="log tail")
     def masked_log_tail(self, attempt: Attempt) -> str:
@@ -203,6 +231,44 @@ class AttemptAdmin(TeamScopedAdmin):
         if attempt.last_heartbeat_at is None:
             return "—"
         return f"{(timezone.now() - attempt.last_heartbeat_at).total_seconds():.0f}"
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+
+@admin.register(Racer)
+class RacerAdmin(TeamScopedAdmin):
+    """One instance of a hedged rent; the win and the ends happen in ``jobs.renting.race_end``
+    and ``jobs.racers``: shown, never edited."""
+
+    team_path = "attempt__job__team"
+    list_display = [
+        "__str__", "state", "instance_id", "machine_id", "offer_id", "end_reason", "cost",
+        "created_at", "ended_at",
+    ]  # fmt: skip
+    list_filter = ["state", "attempt__job__team"]
+    search_fields = ["label", "instance_id", "machine_id", "offer_id"]
+    list_select_related = ["attempt__job"]
+    exclude = ["token_digest"]
+    readonly_fields = [f.name for f in Racer._meta.fields if f.name != "token_digest"]
+
+    @admin.display(description="cost so far ($)")
+    def cost(self, racer: Racer) -> str:
+        return racer_cost_text(racer)
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+
+@admin.register(OfferClaim)
+class OfferClaimAdmin(TeamScopedAdmin):
+    """The per-offer claims taken before every create (``jobs.renting.offer_claims``)."""
+
+    team_path = "attempt__job__team"
+    list_display = ["offer_id", "attempt", "racer", "claimed_at", "released_at"]
+    list_filter = ["attempt__job__team"]
+    search_fields = ["offer_id"]
+    readonly_fields = ["offer_id", "attempt", "racer", "claimed_at", "released_at"]
 
     def has_add_permission(self, request) -> bool:
         return False

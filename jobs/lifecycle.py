@@ -45,7 +45,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Max, Q
 
 from hosts.models import Machine
-from jobs import machine_incidents, recovery_times, spending
+from jobs import machine_incidents, racers, recovery_times, spending
 from jobs.models import (
     LIVE_ATTEMPT_STATES,
     ON_HOST_STATES,
@@ -58,6 +58,7 @@ from jobs.models import (
     Job,
     JobEvent,
     JobState,
+    OfferClaim,
     label_for,
 )
 from jobs.rent_decision import RentDecision
@@ -97,6 +98,7 @@ RENT_TASK = "jobs.tasks.rent_attempt"
 STAGE_TASK = "jobs.tasks.stage_job"
 STAGING = "staging"  # Job.stage_state while its entries are mirrored (jobs.staging)
 DESTROY_TASK = "jobs.tasks.destroy_instance"
+DESTROY_RACER_TASK = "jobs.tasks.destroy_racer"  # a hedged rent's racer out of its race
 DISCARD_UPLOADS_TASK = "jobs.tasks.discard_unfinished_uploads"
 
 
@@ -265,10 +267,20 @@ def _refused_rent(job: Job, verdict: spending.Verdict, *, now: datetime) -> None
 
 
 def mark_rented(
-    attempt_id: int, *, fields: dict, instance_id: int, decision: dict, now: datetime
+    attempt_id: int,
+    *,
+    fields: dict,
+    instance_id: int | None,
+    decision: dict,
+    now: datetime,
+    message: str = "",
 ) -> bool:
     """Store the created (or adopted) instance on the attempt; move the job to starting. False
-    when the attempt was closed meanwhile (cancelled): the instance is destroyed after commit."""
+    when the attempt was closed meanwhile (cancelled): the instance is destroyed after commit.
+
+    A hedged rent opens its race here with no INSTANCE_ID (``jobs.renting.race``): the attempt
+    is starting with its racers' instances, and the winner's becomes its own at its agent's
+    register. MESSAGE then says what is racing."""
     with transaction.atomic():
         claimed = Attempt.objects.filter(pk=attempt_id, state=AttemptState.REQUESTED).update(
             state=AttemptState.STARTING,
@@ -279,7 +291,8 @@ def mark_rented(
         )
         attempt = Attempt.objects.select_related("job").get(pk=attempt_id)
         if not claimed:
-            enqueue(DESTROY_TASK, attempt.job.team_id, instance_id)
+            if instance_id is not None:
+                enqueue(DESTROY_TASK, attempt.job.team_id, instance_id)
             return False
         # Due at once: the watchdog's next look sets the start deadline from the image's bytes
         # and the link (jobs.watchdog.start_due), never later than the job's start timeout.
@@ -288,13 +301,14 @@ def mark_rented(
         Interruption.objects.filter(job_id=attempt.job_id, replacement_rented_at=None).update(
             replacement_rented_at=now
         )
-        _note_machine_rented(attempt)
+        note_machine_rented(attempt)
         transition(
             attempt.job_id,
             S.STARTING,
             now=now,
             kind="rented",
-            message=f"rented instance {instance_id} "
+            message=message
+            or f"rented instance {instance_id} "
             f"({attempt.gpu_name or 'adopted'}, {_rented_price(attempt)})",
             data={"instance_id": instance_id, "offer_id": attempt.offer_id},
         )
@@ -306,10 +320,11 @@ def _rented_price(attempt: Attempt) -> str:
     return instance_price(attempt.dph_base, RentDecision.of(attempt).chosen_gpu_count)
 
 
-def _note_machine_rented(attempt: Attempt) -> None:
+def note_machine_rented(attempt: Attempt) -> None:
+    """Count a rental of ATTEMPT's machine, and where it is (the admin shows it), from the
+    offer it was rented through (a hedged rent's winner: when it wins)."""
     if attempt.machine_id is None:
         return
-    # Where it is (the admin shows it), from the offer it was rented through.
     offer = dict(RentDecision.of(attempt).offer_summary(attempt.offer_id))
     Machine.objects.note_rented(
         attempt.machine_id,
@@ -336,6 +351,10 @@ def close_attempt(attempt_id: int, *, reason: str, now: datetime, states=None) -
     machine_incidents.note_rental_end(attempt)  # the team's memory of its machine
     if attempt.instance_id is not None:
         enqueue(DESTROY_TASK, attempt.job.team_id, attempt.instance_id)
+    # A race still open ends with it: every racer's instance is destroyed too.
+    for racer_id in racers.end_open_racers(attempt_id, reason=reason, now=now):
+        enqueue(DESTROY_RACER_TASK, racer_id)
+    OfferClaim.objects.release(attempt_id=attempt_id, now=now)
     if Checkpoint.objects.filter(attempt_id=attempt_id, state=CheckpointState.UPLOADING).exists():
         enqueue(DISCARD_UPLOADS_TASK, attempt_id)  # they can never complete now
     return attempt
@@ -352,6 +371,16 @@ def handle_loss(loss: Loss, *, now: datetime) -> bool:
     instance is destroyed after this commits, and its agent, should it come back, is answered
     410 on every call and stops (fencing)."""
     with transaction.atomic():
+        # A race that ends in a loss (no racer registered by the start deadline): each racer
+        # still in it failed to start, and is blamed as a lost host is (``jobs.racers``).
+        racing = Attempt.objects.filter(
+            pk=loss.attempt_id, state__in=ON_HOST_STATES, raced__gt=0, instance_id=None
+        ).exists()
+        if racing and loss.cause != OUTBID:
+            for racer_id in racers.end_open_racers(
+                loss.attempt_id, reason=loss.cause, now=now, blame=True
+            ):
+                enqueue(DESTROY_RACER_TASK, racer_id)
         attempt = close_attempt(loss.attempt_id, reason=loss.cause, now=now, states=ON_HOST_STATES)
         if attempt is None:
             return False

@@ -89,6 +89,26 @@ class RentDecision:
         return found
 
     @property
+    def race(self) -> Mapping[str, Any]:
+        """The hedged rent's plan (``selection.race.RacePlan.as_dict``); {} for a plain rent."""
+        return _mapping(self.data.get("race"))
+
+    def with_chosen(self, offer_id: int | None) -> dict[str, Any]:
+        """This decision with OFFER_ID's candidate as the chosen one (a hedged rent's winner:
+        what its readers price, its speed, its outbid and offline choices, are that host's);
+        unchanged when OFFER_ID is not among the candidates."""
+        for candidate in map(_mapping, self.data.get("candidates") or []):
+            if offer_id is not None and _mapping(candidate.get("offer")).get("id") == offer_id:
+                rental = candidate.get("rental") or self.data.get("rental")
+                return {
+                    **self.data,
+                    "chosen_offer_id": offer_id,
+                    "chosen": dict(candidate),
+                    "rental": rental,
+                }
+        return dict(self.data)
+
+    @property
     def image_gb(self) -> float:
         """The image pull as priced at rent (the profile's ``image_gb``; 0 without one)."""
         return float(_mapping(self.data.get("profile")).get("image_gb") or 0.0)

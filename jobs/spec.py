@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -33,6 +34,7 @@ from pydantic import (
 )
 
 from agent import launch
+from hosts.selection.race import RACE_LIMIT
 from hosts.vast.parsing import BID_MAX_USD, BID_MIN_USD
 from jobs import lifecycle
 from jobs.code import job_secrets, submit
@@ -89,6 +91,22 @@ SecretName = Annotated[str, Field(min_length=1, max_length=64)]
 
 
 SecretNames = Annotated[list[SecretName], Field(max_length=50), AfterValidator(_secret_names)]
+
+
+def _race_setting(value: Any) -> str | int:
+    """``race``: "auto", "off", or how many instances to create at once, 1 to ``RACE_LIMIT``
+    (a number, or its digits as a stored job and a form give it)."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, str) and value.strip().lower() in ("auto", "off"):
+        return value.strip().lower()
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= RACE_LIMIT:
+        return value
+    raise ValueError(f'"auto", "off" or a number of instances from 1 to {RACE_LIMIT}')
+
+
+# Hedged rents (``jobs.renting.race``): race when it pays, never, or always with N instances.
+RaceSetting = Annotated[str | int, BeforeValidator(_race_setting)]
 
 
 class _Strict(BaseModel):
@@ -255,6 +273,9 @@ class JobSpec(_Strict):
     start_timeout_s: int = Field(1200, ge=30, le=86_400)
     stall_timeout_s: int = Field(900, ge=30, le=7 * 86_400)
     max_script_retries: int = Field(0, ge=0, le=10)
+    # Create k >= 2 instances on different machines and keep the first whose agent registers:
+    # "auto" when the wait it saves is worth more than the losers cost, "off", or always N.
+    race: RaceSetting = "auto"
     budget_usd: Decimal | None = Field(None, gt=0, le=1_000_000, decimal_places=3)
     start_when_budget_allows: bool = False
     requirements: RequirementsSpec = Field(default_factory=RequirementsSpec)

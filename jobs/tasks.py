@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from hosts.vast import VastClient
 from jobs.checkpoints import records
-from jobs.renting import rent
+from jobs.renting import race_end, rent
 from jobs.staging import stage
 from jobs.staging.trouble import StageTrouble, unexpected
 from jobs.watchdog import passes
@@ -52,6 +52,15 @@ def destroy_instance(team_id: int, instance_id: int) -> bool:
         gone_already = not client.destroy_instance(instance_id)
     logger.info("destroyed instance %s%s", instance_id, " (already gone)" if gone_already else "")
     return True
+
+
+@shared_task(
+    ignore_result=True, autoretry_for=(Exception,), retry_backoff=5, max_retries=8, **VAST_TASK
+)
+def destroy_racer(racer_id: int) -> bool:
+    """Stop billing for a hedged rent's racer out of its race (``race_end.destroy_racer_instance``);
+    retried on failure, and the watchdog's pass destroys any racer's instance still listed."""
+    return race_end.destroy_racer_instance(racer_id, now=timezone.now())
 
 
 @shared_task(ignore_result=True, autoretry_for=(Exception,), retry_backoff=5, max_retries=5)

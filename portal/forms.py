@@ -41,6 +41,7 @@ FIELD_PATHS: dict[str, str] = {
     "requirements.max_dph": "max_dph",
     "requirements.rental": "rental",
     "requirements.max_bid_dph": "max_bid_dph",
+    "race": "race",
     "profile.image_gb": "image_gb",
     "profile.model_gb": "model_gb",
     "profile.upload_gb": "upload_gb",
@@ -84,7 +85,7 @@ FIELDSETS = [
             "datacenter_only",
         ],
     ),
-    ("Rental", ["rental", "max_bid_dph"]),
+    ("Rental", ["rental", "max_bid_dph", "race"]),
     (
         "Cost model",
         [
@@ -160,6 +161,11 @@ LABELS = {
     "max_bid_dph": (
         "Max bid $/h",
         "For interruptible rentals, all GPUs together; Vast takes $0.001 to $128",
+    ),
+    "race": (
+        "Hedged rents",
+        "auto: create 2-3 hosts at once and keep the first that is ready, when the wait it saves "
+        "is worth more than the others cost; off: one at a time; N: always N",
     ),
     "verified_only": ("Verified hosts only", ""),
     "datacenter_only": ("Datacenter hosts only", ""),
@@ -289,6 +295,8 @@ def _field(name: str) -> forms.Field:
     elif name == "rental":
         choices = [(c, c) for c in ("auto", "on-demand", "interruptible")]
         widget = forms.Select(choices=choices)
+    elif name == "race":
+        widget = forms.Select(choices=[(c, c) for c in ("auto", "off", "2", "3", "4")])
     elif name == "checkpoint":
         widget = forms.Select(choices=[(c, c) for c in ("script", "auto")])
     elif name == "launcher":  # "" is the spec's default: none

@@ -22,13 +22,14 @@ from typing import Any
 
 from sandbox import weather
 from sandbox.bids import BidSettings
+from sandbox.engine.buyer_hazards import BUYER_HAZARDS
 from sandbox.engine.faults import INSTANCE_ACTIONS
 from sandbox.image_cache import GUESSED_WIPE_CHANCE
 from sandbox.timing import HOST_RETURN_MEAN_S, HOST_RETURN_P, Timing, image_name
 
 DEFAULT_STATE_DIR = Path(__file__).resolve().parents[1] / "var" / "sandbox"
 DEFAULT_URL = "http://127.0.0.1:8700"
-GLOBAL_ACTIONS = ("ratelimit", "refuse-ask")
+GLOBAL_ACTIONS = ("ratelimit", "refuse-ask", *BUYER_HAZARDS)
 
 
 def build_parser(default_state_dir: Path) -> argparse.ArgumentParser:
@@ -149,7 +150,10 @@ def build_parser(default_state_dir: Path) -> argparse.ArgumentParser:
     inject = sub.add_parser("inject", help="inject a failure into a running sandbox")
     inject.add_argument("action", choices=(*INSTANCE_ACTIONS, *GLOBAL_ACTIONS))
     inject.add_argument(
-        "target", nargs="?", help="instance id (ratelimit: the seconds; refuse-ask: the ask id)"
+        "target",
+        nargs="?",
+        help="instance id (ratelimit: the seconds; refuse-ask, double-sell, create-timeout: "
+        "the ask id)",
     )
     inject.add_argument("arg", nargs="?", help="hang|clear, FACTOR, PERCENT, end, SECONDS ...")
     inject.add_argument("--url", default=os.environ.get("SANDBOX_URL", DEFAULT_URL))
@@ -304,8 +308,9 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 
 def inject(args: argparse.Namespace) -> int:
-    """``inject ACTION INSTANCE_ID [ARG]``; ``inject ratelimit SECONDS`` and
-    ``inject refuse-ask ASK_ID`` need no instance."""
+    """``inject ACTION INSTANCE_ID [ARG]``; ``inject ratelimit SECONDS``, ``inject refuse-ask
+    ASK_ID``, ``inject double-sell ASK_ID`` and ``inject create-timeout ASK_ID`` need no
+    instance."""
     if args.action in GLOBAL_ACTIONS:
         value = args.arg if args.arg is not None else args.target
         return _print(

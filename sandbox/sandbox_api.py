@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sandbox import billing, traffic
+from sandbox.engine.buyer_hazards import BUYER_HAZARDS
 from sandbox.errors import ApiError
 from sandbox.messages import Reply, Request, ok
 from sandbox.routes import Route, route
@@ -81,11 +82,14 @@ def inject_global(app: App, req: Request) -> Reply:
     body = req.body if isinstance(req.body, dict) else {}
     if body.get("action") == "refuse-ask":
         return _refuse_ask(app, body.get("arg"))
+    if body.get("action") in BUYER_HAZARDS:
+        return _arm_hazard(app, str(body["action"]), body.get("arg"))
     if body.get("action") != "ratelimit":
         raise ApiError(
             400,
             "invalid_args",
-            "global actions: ratelimit SECONDS, refuse-ask ASK_ID (others need an instance id)",
+            "global actions: ratelimit SECONDS, refuse-ask ASK_ID, double-sell ASK_ID, "
+            "create-timeout ASK_ID (others need an instance id)",
         )
     try:
         seconds = float(body.get("arg"))
@@ -102,6 +106,16 @@ def _refuse_ask(app: App, arg: Any) -> Reply:
         raise ApiError(400, "invalid_args", "refuse-ask takes an ask id") from exc
     app.engine.refuse_ask(ask_id)
     return ok({"success": True, "refused_ask": ask_id})
+
+
+def _arm_hazard(app: App, kind: str, arg: Any) -> Reply:
+    """The next create of the ask meets KIND (``engine/buyer_hazards.py``)."""
+    try:
+        ask_id = int(arg)
+    except (TypeError, ValueError) as exc:
+        raise ApiError(400, "invalid_args", f"{kind} takes an ask id") from exc
+    armed = app.engine.arm_hazard(kind, ask_id)
+    return ok({"success": True, "ask_id": ask_id, "hazard": kind, "armed": armed})
 
 
 @route(ROUTES, "POST", "/sandbox/topup", "topup", "sandbox")

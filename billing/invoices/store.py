@@ -10,7 +10,7 @@ from decimal import Decimal
 
 from billing.models import Charge, ChargeItem
 from hosts import vast
-from jobs.models import Attempt
+from jobs.models import Attempt, Racer
 
 
 @dataclass
@@ -116,6 +116,12 @@ def charge_filter(team):
         return lambda charge: True
     mine = set(
         Attempt.objects.filter(job__team=team, instance_id__isnull=False).values_list(
+            "instance_id", flat=True
+        )
+    )
+    # A hedged rent's losers (jobs.models.racer) are the team's instances too.
+    mine |= set(
+        Racer.objects.filter(attempt__job__team=team, instance_id__isnull=False).values_list(
             "instance_id", flat=True
         )
     )

@@ -2,10 +2,10 @@
 upload, the charge items ``gpu``, ``disk``, ``bwd``, ``bwu``.
 
 "Recorded" is ``billing.spend.attempt_spend``, what NomadGPU recorded (rates copied at rent, the
-moments the poll and the agent saw, the container's byte counters and the image pull where it
-happened: the same figure the spending limits count and a job's cost shows until its
-invoice arrives). "Billed" is the sum of the charge items of the charges
-matched to the attempt. Quantities are compared in the unit the invoice uses.
+moments the poll and the agent saw, the container's byte counters, the image pull where it
+happened, and a hedged rent's other racers: the same figure the spending limits count and a
+job's cost shows until its invoice arrives). "Billed" is the sum of the charge items of the
+charges matched to the attempt. Quantities are compared in the unit the invoice uses.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from decimal import Decimal
 
 from billing.models import ChargeItem
 from billing.reconcile.tolerance import Difference, Status, Tolerance, difference_status
-from billing.spend import GB, attempt_spend, gpu_started_at, traffic_bytes
+from billing.spend import GB, attempt_spend, gpu_started_at, racers_not_kept, traffic_bytes
 
 COMPONENTS = (  # (name in Spend, charge item type, unit of the quantities)
     ("gpu", "gpu", "h"),
@@ -53,12 +53,27 @@ def recorded_quantities(
         return max((end - start).total_seconds() / 3600.0, 0.0) if start else 0.0
 
     down, up = traffic_bytes(attempt, now=end)
+    gpu_h, (storage_qty, storage_rate) = (
+        hours(gpu_started_at(attempt)),
+        recorded_storage(attempt, hours(attempt.rented_at), storage_unit),
+    )
+    # A hedged rent's other racers are the attempt's usage too (their charges match it).
+    for racer in racers_not_kept(attempt):
+        racer_end = min(racer.ended_at or end, end)
+        gpu_h += _hours_between(racer.running_at, racer_end)
+        storage_qty += recorded_storage(
+            racer, _hours_between(racer.rented_at, racer_end), storage_unit
+        )[0]
     return {
-        "gpu": (hours(gpu_started_at(attempt)), attempt.dph_base),
-        "storage": recorded_storage(attempt, hours(attempt.rented_at), storage_unit),
+        "gpu": (gpu_h, attempt.dph_base),
+        "storage": (storage_qty, storage_rate),
         "download": (down / GB, attempt.download_usd_per_gb),
         "upload": (up / GB, attempt.upload_usd_per_gb),
     }
+
+
+def _hours_between(start, end) -> float:
+    return max((end - start).total_seconds() / 3600.0, 0.0) if start else 0.0
 
 
 def recorded_storage(attempt, rented_h: float, unit: str) -> tuple[float, float]:

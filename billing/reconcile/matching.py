@@ -1,6 +1,6 @@
-"""Which attempt a charge belongs to (its instance id and time). What NomadGPU recorded is
-never changed by a charge (``billing.spend``): the job's cost shows the charges themselves
-(``billing.cost``)."""
+"""Which attempt a charge belongs to (its instance id and time: its own instance, or one of the
+racers of its hedged rent). What NomadGPU recorded is never changed by a charge
+(``billing.spend``): the job's cost shows the charges themselves (``billing.cost``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 from datetime import UTC, datetime, time, timedelta
 
 from billing.models import Charge
-from jobs.models import Attempt
+from jobs.models import Attempt, Racer
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +47,18 @@ def match_charges(team, *, now: datetime) -> int:
     and time; returns how many were linked. Charges that stay unmatched are orphans or
     rentals made outside NomadGPU."""
     pending = Charge.objects.filter(team=team, attempt__isnull=True, instance_id__isnull=False)
+    wanted = pending.values("instance_id")
+    # A hedged rent's losers are billed by Vast like any instance: their charges are the
+    # attempt's that raced them (billing.spend counts them there).
     attempts = {
-        a.instance_id: a
-        for a in Attempt.objects.filter(
-            job__team=team, instance_id__in=pending.values("instance_id")
-        )
+        r.instance_id: r.attempt
+        for r in Racer.objects.filter(
+            attempt__job__team=team, instance_id__in=wanted
+        ).select_related("attempt")
     }
+    attempts.update(
+        (a.instance_id, a) for a in Attempt.objects.filter(job__team=team, instance_id__in=wanted)
+    )
     linked = 0
     for charge in pending:
         attempt = attempts.get(charge.instance_id)

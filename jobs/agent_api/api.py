@@ -48,13 +48,15 @@ class AgentToken(HttpBearer):
     """``request.auth`` is the live attempt holding the token, on every endpoint. The heartbeat
     (FOR_HEARTBEAT) loads only the fields it reads: it comes every interval from every host."""
 
-    def __init__(self, *, for_heartbeat: bool = False) -> None:
+    def __init__(self, *, for_heartbeat: bool = False, racer: str | None = None) -> None:
         super().__init__()
-        self.for_heartbeat = for_heartbeat
+        self.for_heartbeat, self.racer = for_heartbeat, racer
 
     def authenticate(self, request: HttpRequest, token: str) -> Attempt:
         with token_answers():
-            return auth.authenticate_agent(token, for_heartbeat=self.for_heartbeat)
+            return auth.authenticate_agent(
+                token, for_heartbeat=self.for_heartbeat, racer=self.racer
+            )
 
 
 router = Router(auth=AgentToken(), tags=["agent"])
@@ -188,7 +190,8 @@ class ExitIn(Schema):
     log_tail: str = Field("", max_length=16 * 1024)
 
 
-@router.post("/register")
+# A hedged rent's racer wins its race by registering first (``auth.RACER_WINS``).
+@router.post("/register", auth=AgentToken(racer=auth.RACER_WINS))
 def register(request: HttpRequest, payload: RegisterIn) -> dict:
     phases = payload.phases.ages() if payload.phases else {}
     now = timezone.now()
@@ -263,7 +266,7 @@ def report_exit(request: HttpRequest, payload: ExitIn) -> dict:
     return {}
 
 
-@router.get("/bootstrap.sh")
+@router.get("/bootstrap.sh", auth=AgentToken(racer=auth.RACER_FETCHES))
 def bootstrap_script(request: HttpRequest) -> HttpResponse:
     """The attempt's bootstrap again (the token is the one the caller already holds)."""
     token = request.headers["Authorization"].split(" ", 1)[1]
@@ -271,7 +274,7 @@ def bootstrap_script(request: HttpRequest) -> HttpResponse:
     return HttpResponse(text, content_type="text/x-shellscript")
 
 
-@router.get("/agent.pyz")
+@router.get("/agent.pyz", auth=AgentToken(racer=auth.RACER_FETCHES))
 def agent_zipapp(request: HttpRequest) -> FileResponse:
     path = bootstrap.agent_zipapp_path()
     return FileResponse(path.open("rb"), content_type="application/zip", filename="agent.pyz")

@@ -19,13 +19,18 @@ def label_for(job: Job, number: int) -> str:
 
 
 def parse_label(label: str | None) -> tuple[int, int] | None:
-    """(job id, attempt number) from one of our labels in this environment, else None."""
+    """(job id, attempt number) from one of our labels in this environment, else None. A
+    racer's label (``ngpu:<env>:<job>:<attempt>.<k>``, ``jobs.models.racer``) reads as its
+    attempt's."""
     prefix = f"ngpu:{settings.NOMADGPU_ENV}:"
     if not label or not label.startswith(prefix):
         return None
     try:
         job_id, number = label[len(prefix) :].split(":")
-        return int(job_id), int(number)
+        attempt, dot, racer = number.partition(".")
+        if dot and not racer.isdigit():
+            return None
+        return int(job_id), int(attempt)
     except ValueError:
         return None
 
@@ -78,6 +83,10 @@ class Attempt(models.Model):
     # Outbids answered by raising the bid (the attempt went on): they count in the team's
     # interruption rates with the Interruption rows of the outbids that moved the job.
     outbids = models.PositiveSmallIntegerField(default=0)
+    # How many instances this attempt raced (``jobs.models.racer``): 0 for a plain rent. While
+    # its race is open the attempt is starting with no instance; the winner's instance, token
+    # and rates become the attempt's, and the others' costs are its too (``billing.spend``).
+    raced = models.PositiveSmallIntegerField(default=0)
     storage_usd_per_gb_hour = models.FloatField(default=0)
     download_usd_per_gb = models.FloatField(default=0)
     upload_usd_per_gb = models.FloatField(default=0)

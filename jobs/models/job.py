@@ -138,6 +138,9 @@ class Job(models.Model):
     start_timeout_s = models.PositiveIntegerField(default=1200)
     stall_timeout_s = models.PositiveIntegerField(default=900)
     max_script_retries = models.PositiveSmallIntegerField(default=0)
+    # Hedged rents (``jobs.renting.race``): "auto" (race when it pays), "off" (one instance at
+    # a time) or a number of instances to create at once ("2"); JobSpec's ``race``.
+    race = models.CharField(max_length=8, default="auto")
     # The team's own fine-tune (agent/PROTOCOL.md "Code, setup and secrets"): its code
     # (``workdir``: {} none; {"kind": "archive", "sha256": ...} a WorkdirPack of the team;
     # {"kind": "git", "url", "ref", "commit", "deploy_key_secret"}), shell lines run once on

@@ -35,9 +35,25 @@ from jobs import attention, lifecycle
 from jobs.bootstrap import render_bootstrap
 from jobs.code import job_secrets
 from jobs.models import Attempt, AttemptState, Job
-from jobs.renting import claims, image_cache, market, measures, shape_history
+from jobs.renting import (
+    claims,
+    image_cache,
+    market,
+    measures,
+    offer_claims,
+    race,
+    race_end,
+    race_start,
+    shape_history,
+)
+from jobs.renting.creates import (
+    destroy_created_stopped,
+    note_refused_offer,
+    offer_fields,
+    rental_fields,
+)
 from jobs.renting.interruption_rates import preemption_rates
-from jobs.renting.settle import give_up_renting, settle_dead_claim
+from jobs.renting.settle import adopted_fields, give_up_renting, settle_dead_claim
 from jobs.renting.terms import profile_for, requirements_for
 from jobs.stored_spec import StoredSpecInvalid
 from nomadgpu.tokens import issue_token
@@ -115,11 +131,34 @@ def _choose_and_create(attempt: Attempt, token: str, *, client: VastClient, now:
     )
     if decision is None:
         return give_up_renting(attempt, now=now, why="no offer matches the requirements")
+    plan, entries = race.plan_for(job, decision, now=now)
+    if plan.k > 1:  # a hedged rent (jobs.renting.race); None: its budget allows one host only
+        raced = race_start.start_race(attempt, decision, plan, entries, client=client, now=now)
+        if raced is not None:
+            return raced
+    record = race.decision_record(decision, plan)
+    return _rent_one(attempt, decision, record, token, client=client, now=now)
+
+
+def _rent_one(
+    attempt: Attempt,
+    decision: selection.Decision,
+    record: dict,
+    token: str,
+    *,
+    client: VastClient,
+    now: datetime,
+) -> str:
+    """Create one instance for ATTEMPT: the decision's candidates in rank order, each claimed
+    before its create (``offer_claims``), until one rents. Says what happened."""
+    job, req = attempt.job, decision.requirements
     onstart = render_bootstrap(attempt, token=token)
     image_login = job_secrets.image_login_for(job)  # the only secret in a create request
     refused: list[str] = []
     for candidate in decision.candidates[:MAX_CREATE_TRIES]:
         offer, rental = candidate.offer, candidate.rental
+        if not offer_claims.claim_offer(offer.id, attempt=attempt, now=now):
+            continue  # another rent holds it, its create maybe under way (skypilot#9117)
         bid = rental.gpu_usd_per_hour if rental.rental.kind == selection.INTERRUPTIBLE else None
         note_create_sent(attempt, offer, rental, disk_gb=req.disk_gb, now=now)
         try:
@@ -133,8 +172,10 @@ def _choose_and_create(attempt: Attempt, token: str, *, client: VastClient, now:
                 image_login=image_login,
             )
         except OfferGone:
+            offer_claims.release_offer(offer.id, attempt=attempt, now=now)
             continue  # someone else rented it between search and create: next offer
         except OfferRefused as exc:
+            offer_claims.release_offer(offer.id, attempt=attempt, now=now)
             refused.append(note_refused_offer(attempt, offer, exc, now=now))
             continue  # about this offer only, not the account: the next one may rent
         except InsufficientCredit as exc:
@@ -145,64 +186,74 @@ def _choose_and_create(attempt: Attempt, token: str, *, client: VastClient, now:
             )
             return give_up_renting(attempt, now=now, why=why, end_reason="no_credit")
         except CreateOutcomeUnknown:
-            logger.warning("create for %s has an unknown outcome; adopting by label", attempt)
-            return "unknown"
+            # Never created again blindly (skypilot#10171): looked for by its label first.
+            logger.warning("create for %s has an unknown outcome; looking for its label", attempt)
+            return _adopt_by_label(attempt, client=client, record=record, req=req, now=now)
         except VastError as exc:
             return give_up_renting(attempt, now=now, why=f"create failed: {exc}")
         if created.created_stopped:
+            offer_claims.release_offer(offer.id, attempt=attempt, now=now)
             refused.append(destroy_created_stopped(attempt, created.id, offer, client=client))
             continue
-        try:
-            lifecycle.mark_rented(
-                attempt.pk,
-                fields={**offer_fields(offer), **rental_fields(rental), "disk_gb": req.disk_gb},
-                instance_id=created.id,
-                decision=decision.as_dict(),
-                now=now,
-            )
-        except Exception:
-            logger.exception(
-                "instance %s for %s was created but not recorded; adopting by label",
-                created.id,
-                attempt,
-            )
-            return "unknown"
-        return "rented"
+        return _record_rented(attempt, created.id, offer, rental, record=record, req=req, now=now)
     why = "every chosen offer was taken before we could rent it"
     if refused:
         why = f"no chosen offer would run: {'; '.join(refused)}"
     return give_up_renting(attempt, now=now, why=why)
 
 
-def note_refused_offer(attempt: Attempt, offer: Offer, exc: OfferRefused, *, now: datetime) -> str:
-    """Say on ATTEMPT's job that Vast refused OFFER (its id and Vast's words) and return the
-    same sentence for the attempt's closing reason, should every offer refuse."""
-    offer_id = exc.offer_id or offer.id
-    why = f"Vast refused offer {offer_id} ({exc.status}): {exc.message}"
-    logger.warning("%s: %s; trying the next offer", attempt, why)
-    lifecycle.record_event(
-        attempt.job_id,
-        now=now,
-        kind="offer_refused",
-        message=why,
-        offer_id=offer_id,
-        status=exc.status,
-        vast_message=exc.message[:300],
-    )
-    return why
-
-
-def destroy_created_stopped(attempt: Attempt, instance_id: int, offer, *, client) -> str:
-    """Destroy a contract Vast created stopped (``success: false`` with ``new_contract``: a bid
-    under the host's ``min_bid``), at once: it bills storage and would never train. Returns why,
-    for the event that closes the attempt."""
-    why = f"instance {instance_id} on offer {offer.id} was created stopped (bid under min_bid)"
-    logger.warning("%s: %s; destroying it", attempt, why)
+def _record_rented(
+    attempt: Attempt,
+    instance_id: int,
+    offer: Offer,
+    rental: selection.RentalCost,
+    *,
+    record: dict,
+    req: selection.Requirements,
+    now: datetime,
+) -> str:
     try:
-        client.destroy_instance(instance_id)
-    except VastError as exc:  # the orphan reaper destroys it by its label later
-        logger.warning("destroying stopped instance %s failed: %s", instance_id, exc)
-    return why
+        lifecycle.mark_rented(
+            attempt.pk,
+            fields={**offer_fields(offer), **rental_fields(rental), "disk_gb": req.disk_gb},
+            instance_id=instance_id,
+            decision=record,
+            now=now,
+        )
+    except Exception:
+        logger.exception(
+            "instance %s for %s was created but not recorded; adopting by label",
+            instance_id,
+            attempt,
+        )
+        return "unknown"
+    return "rented"
+
+
+def _adopt_by_label(
+    attempt: Attempt,
+    *,
+    client: VastClient,
+    record: dict,
+    req: selection.Requirements,
+    now: datetime,
+) -> str:
+    """A create whose answer was lost: the instance it may have made, found by the attempt's
+    label at once, is the attempt's (at the offer recorded when it was sent); none listed, the
+    attempt stays requested and the watchdog adopts it later or gives up after grace."""
+    try:
+        found = client.list_instances(label=attempt.label)
+    except VastError as exc:
+        logger.warning("listing %s by its label failed: %s", attempt, exc)
+        return "unknown"
+    if not found:
+        return "unknown"
+    sent = Attempt.objects.get(pk=attempt.pk)
+    fields = {**adopted_fields(sent, found[0]), "disk_gb": req.disk_gb}
+    lifecycle.mark_rented(
+        attempt.pk, fields=fields, instance_id=found[0].id, decision=record, now=now
+    )
+    return "rented"
 
 
 def note_create_sent(
@@ -226,6 +277,10 @@ def settle_if_claimer_died(
         return "not-planned"
     if not claims.claim_is_dead(attempt, now=now):
         return "not-planned"  # a duplicate message: its twin is still renting
+    if attempt.raced:  # a hedged rent: its racers' creates, by their labels
+        with market.team_client(attempt.job.team, client=client) as vast:
+            listed = {i.label: i for i in vast.list_instances() if i.label}
+        return race_end.settle_requested_race(attempt, listed, now=now, claimer_dead=True)
     instance = None
     if attempt.create_sent_at is not None:
         own_client = client is None
@@ -237,25 +292,3 @@ def settle_if_claimer_died(
                 client.close()
         instance = found[0] if found else None
     return settle_dead_claim(attempt, instance, now=now)
-
-
-def offer_fields(offer: Offer) -> dict:
-    return {
-        "offer_id": offer.id,
-        "machine_id": offer.machine_id,
-        "gpu_name": offer.gpu_name,
-        "dph_base": offer.dph_base or 0.0,
-        "storage_usd_per_gb_hour": offer.storage_usd_per_gb_hour or 0.0,
-        "download_usd_per_gb": offer.download_usd_per_gb or 0.0,
-        "upload_usd_per_gb": offer.upload_usd_per_gb or 0.0,
-    }
-
-
-def rental_fields(cost: selection.RentalCost) -> dict:
-    """How the attempt was rented: the GPU price paid (the bid, for an interruptible one)."""
-    interruptible = cost.rental.kind == selection.INTERRUPTIBLE
-    return {
-        "dph_base": cost.gpu_usd_per_hour,
-        "rental": cost.rental.kind,
-        "bid_margin": cost.rental.bid_margin if interruptible else None,
-    }

@@ -18,8 +18,9 @@ from hosts.vast import (
 )
 from jobs import (
     lifecycle,
+    racers,
 )
-from jobs.models import Attempt, AttemptState, Job, JobEvent
+from jobs.models import Attempt, AttemptState, Job, JobEvent, OfferClaim
 
 logger = logging.getLogger(__name__)
 
@@ -111,9 +112,13 @@ def give_up_renting(
 ) -> str:
     """Close the attempt, keep the job renting, back off with a cap; tell people once."""
     with transaction.atomic():
-        Attempt.objects.filter(
+        ended = Attempt.objects.filter(
             pk=attempt.pk, state__in=[AttemptState.PLANNED, AttemptState.REQUESTED]
         ).update(state=AttemptState.ENDED, end_reason=end_reason, ended_at=now)
+        if ended:  # a hedged rent's racers still waiting on their creates end with it
+            for racer_id in racers.end_open_racers(attempt.pk, reason=end_reason, now=now):
+                lifecycle.enqueue(lifecycle.DESTROY_RACER_TASK, racer_id)
+            OfferClaim.objects.release(attempt_id=attempt.pk, now=now)
         job = Job.objects.get(pk=attempt.job_id)
         start, cap = settings.RENT_BACKOFF_START_S, settings.RENT_BACKOFF_CAP_S
         backoff = min(max(job.rent_backoff_s * 2, start), cap)

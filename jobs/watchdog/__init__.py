@@ -11,6 +11,8 @@
 - ``instance_status``: what Vast's instance fields mean for an attempt;
 - ``poll``: the provider poll: each account's instances against the live attempts, orphans;
 - ``adopt``: creates whose outcome is unknown: adopted by label, settled or given up;
+- ``races``: a hedged rent's racers against the provider's view, and their instances out of
+  the race destroyed at once;
 - ``outbids``, ``offline``, ``contracts``: an outbid rental, a host offline, a contract ending.
 
 Each row is guarded where it is handled (``with jobs.attention.row(...)``): one bad row never

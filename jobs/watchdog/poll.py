@@ -2,8 +2,9 @@
 
 Each attempt is its own unit: a create to adopt or settle (``adopt``), its host's loss
 (``instance_status``), an offline host waited for (``offline``), an outbid answered
-(``outbids``); what the provider last said is kept on the attempt. Then the account's
-orphans (our labelled instances no live attempt owns) are destroyed after a grace.
+(``outbids``), a hedged rent's racers (``races``); what the provider last said is kept on the
+attempt. Then the account's orphans (our labelled instances no live attempt owns) are
+destroyed after a grace, and a racer's out of its race at once.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from hosts.vast import Instance, VastClient, VastError, image_pull_seen
 from jobs import attention
 from jobs.lifecycle import Loss
 from jobs.models import ON_HOST_STATES, Attempt, AttemptState, parse_label
-from jobs.watchdog import start_due
+from jobs.watchdog import races, start_due
 from jobs.watchdog.adopt import adopt_or_close
 from jobs.watchdog.instance_status import OFFLINE, contract_end, provider_loss
 from jobs.watchdog.offline import note_host_back, offline_loss_unless_waiting
@@ -122,6 +123,8 @@ def reconcile_account(
             if loss is not None:
                 found.append(loss)
     owned = {a.instance_id for a in attempts if a.instance_id} | {a.label for a in attempts}
+    owned |= races.owned_by_races(attempts)
+    owned |= races.sweep_racers(client, instances, owned, now=now)
     reap_orphans(client, instances, owned, now)
     return found
 
@@ -138,8 +141,13 @@ def reconcile_attempt(
     """ATTEMPT against the provider's view (read at READ_AT, default NOW): a create to adopt
     or settle, or its host's loss."""
     if attempt.state == AttemptState.REQUESTED:
-        adopt_or_close(attempt, by_label.get(attempt.label), now)
+        if attempt.raced:  # a hedged rent: its racers' creates (jobs.watchdog.races)
+            races.settle_requested(attempt, by_label, now=now)
+        else:
+            adopt_or_close(attempt, by_label.get(attempt.label), now)
         return None
+    if attempt.state in ON_HOST_STATES and races.is_racing(attempt):
+        return races.follow_race(attempt, by_id, by_label, now=now)
     if attempt.state not in ON_HOST_STATES or attempt.instance_id is None:
         return None
     instance = by_id.get(attempt.instance_id)

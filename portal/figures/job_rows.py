@@ -26,7 +26,8 @@ NEWEST_FIRST = ("-created_at", "-id")
 def with_portal_data(jobs: QuerySet[Job]) -> QuerySet[Job]:
     """JOBS with what a row needs in four extra queries: attempts, their charges and items
     (the job's cost, ``billing.cost.job_cost``) and the interruption count."""
-    attempts = Attempt.objects.order_by("number").prefetch_related(charges_prefetch())
+    # A hedged rent's racers: what its losers cost is the job's (billing.spend).
+    attempts = Attempt.objects.order_by("number").prefetch_related(charges_prefetch(), "racers")
     return (
         jobs.select_related("team")
         .annotate(n_interruptions=Count("interruptions", distinct=True))

@@ -13,6 +13,8 @@ its own file. The state that does separate already lives in collaborators: the b
 - ``usage``: what is billed at each moment (usage intervals) and the traffic records.
 - ``create_body``: what a create body may hold, and the script the container runs.
 - ``create``: whether an ask can be rented, and the row a new instance starts as.
+- ``buyer_hazards``: a second buyer of one ask accepted, a create answered 504 after it made
+  its instance (armed by hand: the hazards a renter must guard against).
 - ``phases``: created → loading → running, the onstart script, an exit on its own.
 - ``images``: where the image comes from (pulled, cached on the machine, wiped); a pull's bill.
 - ``renter_actions``: the renter's destroy, stop, start, label and reboot.

@@ -10,15 +10,16 @@ import json
 import secrets
 
 from sandbox import billing, gpu
-from sandbox.engine.core import EngineCore
+from sandbox.engine.buyer_hazards import CREATE_TIMEOUT, DOUBLE_SELL, BuyerHazards, lost_answer
 from sandbox.engine.create_body import container_script, validated_config
 from sandbox.errors import ApiError
 from sandbox.market import HOURS_PER_MONTH, public
 from sandbox.state import log_event
 
 
-class Create(EngineCore):
-    """Renting: the ask checked, the new row, its first status."""
+class Create(BuyerHazards):
+    """Renting: the ask checked, the new row, its first status (and the buyer hazards armed
+    for it: ``buyer_hazards.py``)."""
 
     def refuse_ask(self, ask_id: int) -> None:
         """Sandbox-only (``inject refuse-ask ASK_ID``): from now on a create of ASK_ID is
@@ -52,6 +53,11 @@ class Create(EngineCore):
             inst_id = self._insert(account_id, ask_id, offer, config, now)
             self._prepare_scratch(inst_id, offer, config)
             inst = self._initial_status(inst_id, offer, config, now)
+            answer_lost = self.take_hazard(CREATE_TIMEOUT, ask_id)
+            if answer_lost:
+                log_event(self.store, inst_id, now, "answer lost", "create-timeout: 504 sent")
+        if answer_lost:
+            raise lost_answer(ask_id)
         return {
             "success": inst["status"] != "stopped" or inst["intended"] != "stopped",
             "new_contract": inst_id,
@@ -67,7 +73,8 @@ class Create(EngineCore):
         text = f"error 404/3603: no_such_ask  Instance type by id {ask_id} is not available."
         if offer is None or ask_id in self.gone_asks():
             raise ApiError(404, "no_such_ask", text, ask_id=ask_id)
-        if ask_id in self.rented_asks() or ask_id in self.market.taken_by_others:
+        taken = ask_id in self.rented_asks() or ask_id in self.market.taken_by_others
+        if taken and not self.take_hazard(DOUBLE_SELL, ask_id):
             raise ApiError(404, "invalid_args", text, ask_id=ask_id)
         if self.store.row("SELECT 1 AS x FROM refused_asks WHERE ask_id = ?", (ask_id,)):
             # The hand-written create_instance.yaml's 403, word for word: a host-only account

@@ -138,6 +138,12 @@ class Sandbox:
         reply = self.anon().post("/sandbox/inject", json={"action": "refuse-ask", "arg": ask_id})
         assert reply.status_code == 200, reply.text
 
+    def arm(self, hazard: str, ask_id: int) -> None:
+        """The next create of ASK_ID meets HAZARD: ``double-sell`` (accepted though the ask is
+        taken) or ``create-timeout`` (made, then answered 504): ``engine/buyer_hazards.py``."""
+        reply = self.anon().post("/sandbox/inject", json={"action": hazard, "arg": ask_id})
+        assert reply.status_code == 200, reply.text
+
     def create(self, ask_id: int, key: str = DEFAULT_KEY, **body: Any) -> int:
         body.setdefault("image", "ubuntu:22.04")
         reply = self.client(key).put(f"/api/v0/asks/{ask_id}/", json=body)

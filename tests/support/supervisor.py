@@ -41,6 +41,8 @@ class Supervisor:
             "heartbeat_interval_s": 1,
             "requirements": FIELD_REPORT_REQUIREMENTS,
             "profile": {"image_gb": 3.0, "model_gb": 0.0, "upload_gb": 0.01},
+            # One instance per rent unless the test races (JobSpec's default is "auto").
+            "race": "off",
             **overrides,
         }
         return lifecycle.submit_job(
