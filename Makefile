@@ -67,7 +67,9 @@ TEST_ENV = FIELD_ENCRYPTION_KEY=$${FIELD_ENCRYPTION_KEY:-dGVzdC1vbmx5LWtleS10ZXN
 PYTEST_WORKERS ?= 3
 XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),-n 0,-n $(PYTEST_WORKERS) --dist loadfile)
 
+# bin/need-chromium first: Chromium missing installs it (as root) or stops here with one line.
 test: $(DEV_STAMP)
+	@bin/need-chromium
 	$(TEST_ENV) $(VENV)/bin/pytest $(XDIST) $(PYTEST_ARGS)
 
 # The Trainer tests train on the CPU: two workers, one per core, one file each at a time.

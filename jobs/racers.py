@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.db import transaction
 from django.db.models import F
 
 from hosts.models import Machine
@@ -26,18 +27,23 @@ def end_racer(
     """Move an open RACER to STATE (lost, failed or void) for REASON; with BLAME its machine is
     held against it. Returns its id when it has an instance to destroy; None when it had none
     or had ended already (guarded: a racer leaves its race once)."""
-    ended = Racer.objects.filter(pk=racer.pk, state__in=OPEN_RACER_STATES).update(
-        state=state, end_reason=reason[:40], ended_at=now
-    )
-    if not ended:
-        return None
-    racer = Racer.objects.select_related("attempt__job").get(pk=racer.pk)
-    OfferClaim.objects.release(racer_id=racer.pk, now=now)
-    gate = spending.gate()
-    spent = gate.racer_cost(racer, now=now) or 0.0
-    gate.release_racer(racer.attempt.job, reserved_usd=racer.reserved_usd, spent_usd=spent, now=now)
-    if blame:
-        blame_machine(racer.attempt.job_id, racer.machine_id)
+    # One transaction: the racer leaves, its claim and hold go and its machine is blamed
+    # together or not at all (the watchdog calls this outside any transaction of its own).
+    with transaction.atomic():
+        ended = Racer.objects.filter(pk=racer.pk, state__in=OPEN_RACER_STATES).update(
+            state=state, end_reason=reason[:40], ended_at=now
+        )
+        if not ended:
+            return None
+        racer = Racer.objects.select_related("attempt__job").get(pk=racer.pk)
+        OfferClaim.objects.release(racer_id=racer.pk, now=now)
+        gate = spending.gate()
+        spent = gate.racer_cost(racer, now=now) or 0.0
+        gate.release_racer(
+            racer.attempt.job, reserved_usd=racer.reserved_usd, spent_usd=spent, now=now
+        )
+        if blame:
+            blame_machine(racer.attempt.job_id, racer.machine_id)
     return racer.pk if racer.instance_id is not None else None
 
 
@@ -62,7 +68,10 @@ def blame_machine(job_id: int, machine_id: int | None) -> None:
     against the machine for every job (as ``lifecycle.remember_bad_machine`` for an attempt)."""
     if machine_id is None:
         return
-    job = Job.objects.select_for_update().get(pk=job_id)
-    if machine_id not in job.avoid_machine_ids:
-        Job.objects.filter(pk=job_id).update(avoid_machine_ids=[*job.avoid_machine_ids, machine_id])
-    Machine.objects.filter(machine_id=machine_id).update(interruptions=F("interruptions") + 1)
+    with transaction.atomic():  # the row lock lives as long as this block
+        job = Job.objects.select_for_update().get(pk=job_id)
+        if machine_id not in job.avoid_machine_ids:
+            Job.objects.filter(pk=job_id).update(
+                avoid_machine_ids=[*job.avoid_machine_ids, machine_id]
+            )
+        Machine.objects.filter(machine_id=machine_id).update(interruptions=F("interruptions") + 1)

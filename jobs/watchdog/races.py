@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
+from django.db import transaction
 from django.db.models import F
 
 from hosts.vast import Instance, VastClient, VastError
@@ -78,22 +79,25 @@ def follow_race(
 
 def fail_racer(attempt: Attempt, racer: Racer, loss: Loss, *, now: datetime) -> None:
     """RACER's host failed on its own: out of the race, destroyed, its machine blamed."""
-    ended = racers.end_racer(racer, state=RacerState.FAILED, reason=loss.cause, now=now, blame=True)
-    if ended is None:
-        return
-    lifecycle.enqueue(lifecycle.DESTROY_RACER_TASK, ended)
-    left = attempt.racers.open().count()
-    lifecycle.record_event(
-        attempt.job_id,
-        now=now,
-        kind="racer_failed",
-        message=f"racer {racer.position} (instance {racer.instance_id}, machine "
-        f"{racer.machine_id}) failed: {loss.cause}"
-        + (f" ({loss.detail})" if loss.detail else "")
-        + (f"; {left} still racing" if left else "; no racer left"),
-        instance_id=racer.instance_id,
-        cause=loss.cause,
-    )
+    with transaction.atomic():  # its end and its event together; the destroy after commit
+        ended = racers.end_racer(
+            racer, state=RacerState.FAILED, reason=loss.cause, now=now, blame=True
+        )
+        if ended is None:
+            return
+        lifecycle.enqueue(lifecycle.DESTROY_RACER_TASK, ended)
+        left = attempt.racers.open().count()
+        lifecycle.record_event(
+            attempt.job_id,
+            now=now,
+            kind="racer_failed",
+            message=f"racer {racer.position} (instance {racer.instance_id}, machine "
+            f"{racer.machine_id}) failed: {loss.cause}"
+            + (f" ({loss.detail})" if loss.detail else "")
+            + (f"; {left} still racing" if left else "; no racer left"),
+            instance_id=racer.instance_id,
+            cause=loss.cause,
+        )
 
 
 def note_racer_status(racer: Racer, instance: Instance | None, *, now: datetime) -> None:

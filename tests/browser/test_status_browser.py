@@ -113,8 +113,8 @@ def test_on_a_phone_each_incident_reads_as_labelled_lines(live_server, public_te
     assert labels == [
         '"Detected (UTC)"',
         '"Cause"',
-        '"Back on a machine"',
-        '"Running again"',
+        '"Back on a machine after"',
+        '"Training again after"',
         '"Resumed from step"',
     ]
     assert "heartbeats stopped" in first.nth(1).inner_text()
