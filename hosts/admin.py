@@ -32,6 +32,7 @@ class RentalInline(admin.TabularInline):
     can_delete = False
     fields = readonly_fields = [
         "attempt_id",
+        "racer_id",
         "rented_at",
         "ready_at",
         "ended_at",
@@ -81,6 +82,7 @@ class MachineRentalAdmin(admin.ModelAdmin):
 
     list_display = [
         "attempt_id",
+        "racer_id",
         "machine",
         "rented_at",
         "ready_at",
@@ -90,7 +92,7 @@ class MachineRentalAdmin(admin.ModelAdmin):
         "excused",
     ]
     list_filter = ["incident", ("excused", admin.EmptyFieldListFilter)]
-    search_fields = ["machine__machine_id", "attempt_id", "cause"]
+    search_fields = ["machine__machine_id", "attempt_id", "racer_id", "cause"]
     list_select_related = ["machine"]
     readonly_fields = [f.name for f in MachineRental._meta.fields]
 

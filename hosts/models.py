@@ -25,18 +25,23 @@ class MachineManager(models.Manager):
         at: datetime | None,
         offer: dict,
         attempt_id: int | None = None,
-    ) -> None:
+        racer_id: int | None = None,
+    ) -> MachineRental | None:
         """Count a rental of MACHINE_ID at AT; fill in where it is and what it holds from the
         OFFER it was rented through (``RentDecision.offer_summary``), as far as the offer says;
-        open the rental's record for the team's memory (ATTEMPT_ID: the rental's own id)."""
+        open the rental's record for the team's memory (ATTEMPT_ID, or a failed racer's
+        RACER_ID: the rental's own id) and return it."""
         machine, _ = self.get_or_create(machine_id=machine_id, defaults={"gpu_name": gpu_name})
         facts = {k: offer[k] for k in OFFER_FACTS if offer.get(k) not in (None, "")}
         at = at or timezone.now()
         self.filter(pk=machine.pk).update(rentals=F("rentals") + 1, last_seen_at=at, **facts)
-        if attempt_id is not None:
-            MachineRental.objects.get_or_create(
-                attempt_id=attempt_id, defaults={"machine": machine, "rented_at": at}
-            )
+        if attempt_id is None and racer_id is None:
+            return None
+        key = {"attempt_id": attempt_id} if attempt_id is not None else {"racer_id": racer_id}
+        record, _ = MachineRental.objects.get_or_create(
+            **key, defaults={"machine": machine, "rented_at": at}
+        )
+        return record
 
 
 class Machine(models.Model):
@@ -126,10 +131,13 @@ class MachineRental(models.Model):
     what it showed of its speed and link (docs/renting-and-recovery.md, "A team memory of
     machines"). Opened at the rent, completed when the rental ends; the decay is computed when
     it is read (``hosts.selection.machine_memory``). ``attempt_id`` is the rental's id in
-    ``jobs`` (hosts knows nothing of jobs: a plain number, for the admin to name it)."""
+    ``jobs`` (hosts knows nothing of jobs: a plain number, for the admin to name it); a hedged
+    rent's racer that failed on its own is a rental too, one that never got ready, and is kept
+    under ``racer_id`` instead (its race's losers are not: they never had their chance)."""
 
     machine = models.ForeignKey(Machine, on_delete=models.CASCADE, related_name="rental_records")
-    attempt_id = models.BigIntegerField(unique=True)
+    attempt_id = models.BigIntegerField(unique=True, null=True, blank=True)
+    racer_id = models.BigIntegerField(unique=True, null=True, blank=True)
     rented_at = models.DateTimeField()
     ready_at = models.DateTimeField(null=True, blank=True)  # its agent registered
     ended_at = models.DateTimeField(null=True, blank=True, db_index=True)
@@ -148,9 +156,16 @@ class MachineRental(models.Model):
     class Meta:
         ordering = ["-rented_at"]
         indexes = [models.Index(fields=["machine", "ended_at"])]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(attempt_id__isnull=False) ^ models.Q(racer_id__isnull=False),
+                name="machine_rental_of_an_attempt_or_a_racer",
+            )
+        ]
 
     def __str__(self) -> str:
-        return f"rental {self.attempt_id} of machine {self.machine.machine_id}"
+        whose = f"rental {self.attempt_id}" if self.racer_id is None else f"racer {self.racer_id}"
+        return f"{whose} of machine {self.machine.machine_id}"
 
     @property
     def running_h(self) -> float:

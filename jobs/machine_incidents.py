@@ -35,9 +35,9 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db.models import Q
 
-from hosts.models import MachineRental
+from hosts.models import Machine, MachineRental
 from hosts.selection import machine_memory as mm
-from jobs.models import Attempt, Checkpoint, CheckpointState, JobEvent, JobState
+from jobs.models import Attempt, Checkpoint, CheckpointState, JobEvent, JobState, Racer
 from jobs.rent_decision import RentDecision
 from nomadgpu.models import IngestOutage, ServiceHeartbeat
 
@@ -129,6 +129,42 @@ def charge_loss(attempt: Attempt) -> None:
     )
     if facts.machines_lost_together >= PROVIDER_WIDE_MACHINES:
         MachineRental.objects.filter(pk__in=together, excused="").update(excused=why[:200])
+
+
+def note_racer_failure(racer: Racer, *, cause: str, now: datetime) -> None:
+    """A hedged rent's RACER failed on its own (CAUSE) before its agent registered: a rental of
+    its machine that never got ready, charged to it unless it was not its doing (``excuse``), as
+    an attempt's loss is. Its race's losers are not recorded: they never had their chance."""
+    if racer.machine_id is None:
+        return
+    attempt = racer.attempt
+    offer = dict(RentDecision.of(attempt).offer_summary(racer.offer_id))
+    rented_at = racer.rented_at or racer.created_at
+    record = Machine.objects.note_rented(
+        racer.machine_id, gpu_name=racer.gpu_name, at=rented_at, offer=offer, racer_id=racer.pk
+    )
+    together = machines_lost_near(racer.machine_id, now)
+    facts = LossFacts(
+        cause=cause,
+        supervisor_outage=outage_overlaps(rented_at, now),
+        provider_failing=provider_failing(now),
+        machines_lost_together=len(together) + 1,
+        supervisor_error=supervisor_failed_on(attempt),
+    )
+    why = excuse(facts)
+    MachineRental.objects.filter(pk=record.pk).update(
+        ended_at=now,
+        incident=incident_kind(cause, ready=False),
+        cause=cause[:40],
+        excused=why[:200],
+        advertised_down_mbps=_positive(offer.get("inet_down_mbps")),
+    )
+    if facts.machines_lost_together >= PROVIDER_WIDE_MACHINES:
+        MachineRental.objects.filter(pk__in=together, excused="").update(excused=why[:200])
+
+
+def _positive(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and value > 0 else None
 
 
 def machines_lost_near(machine_id: int, at: datetime) -> list[int]:

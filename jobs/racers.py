@@ -1,8 +1,9 @@
 """A racer of a hedged rent leaving its race (``jobs.models.racer``): lost (another won, or its
 attempt ended), failed on its own, or void (its create made nothing). Its offer claim and its
 budget hold are released (what it spent stays the job's: ``jobs.spending``), and a racer whose
-host failed on its own is blamed as a lost host is: its machine joins the job's avoid list and
-counts against the machine for every job.
+host failed on its own is blamed as a lost host is: its machine joins the job's avoid list,
+counts against the machine for every job, and is a rental that never got ready in the team's
+memory of machines (``machine_incidents.note_racer_failure``).
 
 No provider call and no task here (``jobs.lifecycle`` imports this module): each function
 returns the racers whose instances are to be destroyed, and its caller sends their destroys
@@ -17,7 +18,7 @@ from django.db import transaction
 from django.db.models import F
 
 from hosts.models import Machine
-from jobs import spending
+from jobs import machine_incidents, spending
 from jobs.models import OPEN_RACER_STATES, Job, OfferClaim, Racer, RacerState
 
 
@@ -44,6 +45,7 @@ def end_racer(
         )
         if blame:
             blame_machine(racer.attempt.job_id, racer.machine_id)
+            machine_incidents.note_racer_failure(racer, cause=reason, now=now)
     return racer.pk if racer.instance_id is not None else None
 
 

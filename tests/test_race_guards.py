@@ -17,6 +17,8 @@ from django.utils import timezone
 
 from billing.models import BudgetReservation
 from hosts import selection
+from hosts.models import MachineRental
+from hosts.selection import machine_memory as mm
 from hosts.vast import CreatedInstance, VastClient
 from jobs import lifecycle, racers
 from jobs.models import AttemptState, JobState, OfferClaim, Racer, RacerState
@@ -296,3 +298,30 @@ def test_a_race_where_every_racer_fails_goes_on_to_the_next_offers_without_backo
     again = set(nxt.racers.values_list("machine_id", flat=True))
     assert len(again) == 2
     assert not again & {r.machine_id for r in failed}
+
+
+def test_a_racer_that_failed_on_its_own_is_a_rental_that_never_got_ready_in_the_memory(
+    vast, sandbox, quiet_bootstrap
+):
+    attempt, now = planned(race="2")
+    assert renting.rent(attempt.pk, now=now, client=vast) == "racing"
+    first, second = attempt.racers.order_by("position")
+    sandbox.inject(first.instance_id, "destroy")
+
+    passes.tick(now=timezone.now(), poll_provider=True)
+
+    first.refresh_from_db()
+    assert first.state == RacerState.FAILED
+    record = MachineRental.objects.get(racer_id=first.pk)
+    assert record.attempt_id is None
+    assert record.machine.machine_id == first.machine_id
+    assert (record.ready_at, record.excused) == (None, "")
+    assert record.incident == mm.LOST_LOADING
+    assert record.cause == first.end_reason
+    assert record.ended_at == first.ended_at
+    memory = MachineRental.objects.memory(now=timezone.now(), machine_ids=[first.machine_id])
+    assert memory.record(first.machine_id).incidents == (mm.LOST_LOADING,)
+    # The one still racing is no rental of its own yet, and a loser never will be.
+    assert not MachineRental.objects.filter(racer_id=second.pk).exists()
+    racers.end_racer(second, state=RacerState.LOST, reason="lost the race", now=timezone.now())
+    assert not MachineRental.objects.filter(racer_id=second.pk).exists()
