@@ -1,5 +1,6 @@
 """QLoRA fine-tuning of Qwen2.5-7B-Instruct on Alpaca, run by the NomadGPU agent: the field
-report's job (see README.md beside this file).
+report's job (see README.md beside this file). (One file over 500 lines on purpose: a user
+copies one training script into their own repository, whole.)
 
 The model is loaded in 4-bit (bitsandbytes NF4, double quantisation, bf16 compute), LoRA
 adapters (peft) are trained on every linear projection by the Hugging Face ``Trainer`` (or, with
