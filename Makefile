@@ -13,7 +13,7 @@ DEV_STAMP := $(VENV)/.installed-dev-$(call digest,requirements.txt requirements-
 HF_STAMP := $(VENV)/.installed-hf-$(call digest,requirements.txt requirements-dev.txt requirements-hf.txt)
 DEV_ENV := var/dev.env
 
-.PHONY: run test test-hf lint format bench venv venv-run clean-var
+.PHONY: run test test-stress test-hf lint format bench venv venv-run clean-var
 
 venv-run: $(RUN_STAMP)
 venv: $(DEV_STAMP)
@@ -71,6 +71,14 @@ XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),-n 0,-n $(PYTEST_WORKERS) --dist load
 test: $(DEV_STAMP)
 	@bin/need-chromium
 	$(TEST_ENV) $(VENV)/bin/pytest $(XDIST) $(PYTEST_ARGS)
+
+# The tests that start processes (marker `slow`), three passes, beside bin/cpu_hog.py holding
+# every core busy (docs/testing.md#make-test-stress); the same workers as `make test`.
+# STRESS_PASSES=1 runs one pass.
+test-stress: $(DEV_STAMP)
+	@bin/need-chromium
+	@$(TEST_ENV) PYTHON_FOR_HOG=$(PY) bin/test-stress \
+		$(VENV)/bin/pytest $(XDIST) -m slow -p no:cacheprovider $(PYTEST_ARGS)
 
 # The Trainer tests train on the CPU: two workers, one per core, one file each at a time.
 HF_XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),-n 0,-n 2 --dist loadfile)

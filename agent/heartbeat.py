@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from time import monotonic
 from typing import Any
 
 from agent.client import Backoff, BadPayload, Refused, SupervisorClient, TokenDead, Unavailable
@@ -76,6 +77,10 @@ class Heartbeater:
     def _run(self) -> None:
         backoff = Backoff(initial_s=1.0, cap_s=self.interval_s)
         while not self._stop.is_set():
+            # The next beat is due an interval after this one STARTS: the supervisor's
+            # deadline counts from each beat's arrival, and a beat that took a second on a
+            # loaded host must not push every later one a second further behind.
+            started = monotonic()
             delay = self.interval_s
             try:
                 self._beat()
@@ -90,7 +95,7 @@ class Heartbeater:
                 log.warning("heartbeat %d not delivered (%s); next in %.1fs", self.seq, exc, delay)
             except (Refused, BadPayload) as exc:
                 log.error("heartbeat %d rejected: %s", self.seq, exc)
-            self._wake.wait(delay)
+            self._wake.wait(max(0.0, started + delay - monotonic()))
             self._wake.clear()
 
     def _beat(self) -> None:

@@ -120,6 +120,11 @@ class Loss:
     # When the loss began, if before it was acted on: a host waited for while offline
     # (``hosts.wait_or_move``) was lost from the moment it went offline.
     since: datetime | None = None
+    # The watchdog pass that judged a deadline cause (silence, no agent by the start
+    # deadline, a stall, a GPU fault) judged rows it read at this moment. A heartbeat stored
+    # after that read moved the attempt's deadline past it: the loss is then void, never
+    # closed (``close_attempt``'s guard), and the next pass judges the new row.
+    due_at: datetime | None = None
 
 
 # --- The machinery ---------------------------------------------------------------------------
@@ -338,11 +343,17 @@ def note_machine_rented(attempt: Attempt) -> None:
 # --- Attempts ending ---------------------------------------------------------------------------
 
 
-def close_attempt(attempt_id: int, *, reason: str, now: datetime, states=None) -> Attempt | None:
+def close_attempt(
+    attempt_id: int, *, reason: str, now: datetime, states=None, due_at: datetime | None = None
+) -> Attempt | None:
     """Guarded close (which also kills the attempt's token: its agent gets 410 from then on):
-    the attempt if this call ended it, None if it had already ended. Its instance is destroyed
-    after commit."""
-    claimed = Attempt.objects.filter(pk=attempt_id, state__in=states or LIVE_ATTEMPT_STATES).update(
+    the attempt if this call ended it, None if it had already ended or, with DUE_AT, if its
+    heartbeat deadline has moved past DUE_AT since (a beat arrived: ``Loss.due_at``). Its
+    instance is destroyed after commit."""
+    live = Attempt.objects.filter(pk=attempt_id, state__in=states or LIVE_ATTEMPT_STATES)
+    if due_at is not None:  # in the same UPDATE: no beat can land between check and close
+        live = live.filter(heartbeat_deadline__lte=due_at)
+    claimed = live.update(
         state=AttemptState.ENDED, end_reason=reason[:40], ended_at=now, pending_command=""
     )
     if not claimed:
@@ -381,8 +392,19 @@ def handle_loss(loss: Loss, *, now: datetime) -> bool:
                 loss.attempt_id, reason=loss.cause, now=now, blame=True
             ):
                 enqueue(DESTROY_RACER_TASK, racer_id)
-        attempt = close_attempt(loss.attempt_id, reason=loss.cause, now=now, states=ON_HOST_STATES)
+        attempt = close_attempt(
+            loss.attempt_id, reason=loss.cause, now=now, states=ON_HOST_STATES, due_at=loss.due_at
+        )
         if attempt is None:
+            if loss.due_at is not None:
+                logger.info(
+                    "loss of attempt %s (%s) void: a heartbeat moved its deadline after the "
+                    "pass judged it",
+                    loss.attempt_id,
+                    loss.cause,
+                )
+            # Nothing of a void or repeated loss stays, not even its racers' blame above.
+            transaction.set_rollback(True)
             return False
         last_ready = Checkpoint.objects.filter(job_id=attempt.job_id).newest_ready_step()
         # A drill marks its attempt before it destroys the host (``jobs.drill``), and this

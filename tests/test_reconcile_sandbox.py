@@ -17,6 +17,9 @@ from tests.support.factories import JobFactory, TeamFactory, make_attempt
 from tests.support.processes import wait_until
 from tests.support.sandbox import Sandbox, market_offers
 
+# It rents several sandbox instances (a process each): `make test-stress` runs it.
+pytestmark = pytest.mark.slow
+
 IMAGE = "pytorch/pytorch:2.4.0-cuda12.4-cudnn9-runtime"  # 3.6 GB pulled by the host
 CLEAN = 16702039  # 8x H200, $32/h, traffic free
 OVERCHARGED = 17394761  # 4x H100 PCIe, $10.4/h, download free; billed twice its usage

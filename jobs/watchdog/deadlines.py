@@ -14,7 +14,7 @@ that is not lost after all gets its deadline moved to when it could be.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from hosts.vast import container_runtime_failed
@@ -28,7 +28,8 @@ START_STALLED = "start_stalled"  # an early phase (code, stage, restore) moved n
 
 
 def find_due_losses(now: datetime, evidence: silence.Evidence | None = None) -> list[Loss]:
-    """Losses among attempts whose deadline passed (one indexed query), with their causes.
+    """Losses among attempts whose deadline passed (one indexed query), with their causes,
+    each due at NOW (``Loss.due_at``: a heartbeat stored after this read voids it).
 
     Silence that the supervisor caused (its agent API down, every agent silent at once) is
     held, never a loss (``jobs.watchdog.silence``): an outage is opened for the status page,
@@ -46,7 +47,8 @@ def find_due_losses(now: datetime, evidence: silence.Evidence | None = None) -> 
     for attempt in due:
         judged = judge_due(attempt, now, evidence)
         if judged.loss is not None:
-            found.append(judged.loss)
+            # Judged on the row as read at NOW: a beat stored before the close voids it.
+            found.append(replace(judged.loss, due_at=now))
         elif judged.recheck_at is not None:
             look_again_at(attempt, judged.recheck_at, now=now)
         held = held or judged.held

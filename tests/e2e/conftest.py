@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tests.support.supervisor import (  # noqa: F401
-    beating,
     celery_worker_thread,
+    passing,
     pytest_configure,
     sandbox,
     supervisor,
@@ -17,10 +17,14 @@ from tests.support.toy import TOY_ENV, toy_digest
 
 @pytest.fixture
 def enforcer(supervisor):  # noqa: F811
-    """Stands in for beat's budget-enforce entry at the e2e cadence (through the broker)."""
+    """Stands in for beat's budget-enforce entry at the e2e cadence, run in a thread of its own
+    as production's worker pool runs it beside other tasks. Sent through the broker, each pass
+    queued behind every watchdog tick, rent and destroy on the test's one solo worker thread,
+    and a loaded machine spaced passes out by many seconds (beat's schedule reaching a worker
+    is proven in tests/test_celery_broker.py)."""
     from billing.tasks import enforce_budgets
 
-    with beating(enforce_budgets):
+    with passing(enforce_budgets):
         yield
 
 

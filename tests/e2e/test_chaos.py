@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from hosts.vast import ProviderUnreachable, VastClient
 from jobs import lifecycle
-from jobs.models import AttemptState, Checkpoint, Interruption, JobEvent, JobState
+from jobs.models import AttemptState, Checkpoint, Interruption, Job, JobEvent, JobState
 from jobs.renting import rent as renting
 from nomadgpu.models import ServiceHeartbeat
 from nomadgpu.storage import object_store
@@ -361,16 +361,22 @@ def test_a_replacement_whose_agent_never_registers_is_replaced_too(supervisor, m
     # model download that hangs. The provider says running all along; only the start timeout
     # can tell. Other attempts get the real bootstrap. Losing a replacement before it ran
     # leaves two interruptions open; the host that finally runs closes both.
+    # Only the replacement gets the 3 s start timeout, set as it is rented (before the
+    # watchdog first looks at it): the first and third hosts start with the job's own, so a
+    # loaded machine's slow agent start is never what this test sees lost.
     real_bootstrap = renting.render_bootstrap
+    env = toy_env(steps=120, every=20, step_seconds=0.04)
+    job = submit(supervisor, env)
+    own_timeout = job.start_timeout_s
 
     def bootstrap(attempt, *, token):
+        timeout = 3 if attempt.number == 2 else own_timeout
+        Job.objects.filter(pk=attempt.job_id).update(start_timeout_s=timeout)
         if attempt.number == 2:
             return "echo 'pulling the model (this never finishes)'\nexec sleep 600\n"
         return real_bootstrap(attempt, token=token)
 
     monkeypatch.setattr(renting, "render_bootstrap", bootstrap)
-    env = toy_env(steps=120, every=20, step_seconds=0.04)
-    job = submit(supervisor, env, start_timeout_s=3)
     first = wait_running(job, 1)
     wait_checkpoint(job, attempt=first, above=20)
     supervisor.sandbox.inject(first.instance_id, "destroy")

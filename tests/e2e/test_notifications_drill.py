@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from jobs.models import Checkpoint, Interruption, JobState
-from notify.models import Delivery, DeliveryState
+from notify.models import OPEN_STATES, Delivery, DeliveryState
 from tests.support import telegram_fake, webhook_receiver
 from tests.support.factories import ChannelFactory
 from tests.support.processes import wait_until
@@ -85,5 +85,11 @@ def test_a_drill_notifies_each_channel_once_per_event_in_order(supervisor, teleg
     assert "Cause: provider_offline" in telegram.texts()[0]
     assert all(f"/jobs/{job.pk}/" in text for text in telegram.texts())
     rows = Delivery.objects.filter(event__job=job)
-    assert rows.count() == 6
+    # The receivers heard each event; the worker records the outcome after the transport
+    # answered (a row is "sending" until then): wait for every outcome, then read them.
+    wait_until(
+        lambda: rows.count() == 6 and not rows.filter(state__in=OPEN_STATES).exists(),
+        timeout=60,
+        what="an outcome for each of the six deliveries",
+    )
     assert set(rows.values_list("state", flat=True)) == {DeliveryState.SENT}

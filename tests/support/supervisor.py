@@ -117,6 +117,35 @@ def beating(task, every_s: float = 0.5):
         thread.join()
 
 
+@contextmanager
+def passing(run, every_s: float = 0.5):
+    """RUN every EVERY_S in a thread of its own (as a worker process of its own runs a beat
+    entry in production), until the block ends; what RUN raised fails the test at the end."""
+    from django.db import connection
+
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def loop() -> None:
+        try:
+            while not stop.wait(every_s):
+                run()
+        except Exception as exc:  # re-raised in the test's thread below
+            errors.append(exc)
+        finally:
+            connection.close()  # this thread's own (PostgreSQL drops the test database later)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
 @pytest.fixture
 def supervisor(live_server, settings, sandbox, tmp_path, celery_worker_thread):
     settings.SITE_URL = live_server.url
