@@ -105,10 +105,12 @@ class Team:
         self.rentals: dict[int, list] = {}
         self.starts: list[tuple] = []  # (ended, failed)
 
-    def record(self, machine_id, rented, ended, *, ready, running_h=0.0, incident="") -> None:
+    def record(self, machine_id, rented, ended, *, ready, running_h=0.0, incident="", link=None):
+        """One ended rental; LINK: the agent's measured download over the advertised (a
+        registered host's, as ``MachineRental.link_ratio`` holds it)."""
         from hosts.selection import RentalRecord
 
-        row = RentalRecord(rented, ended, ready, running_h, incident=incident)
+        row = RentalRecord(rented, ended, ready, running_h, incident=incident, link_ratio=link)
         self.rentals.setdefault(machine_id, []).append(row)
 
     def memory(self, now):
@@ -206,10 +208,10 @@ def run_job(market: Market, team: Team, j: int, weather: str, seed: int, flags) 
             rng = sim.seeded(seed, weather, instance, "poll")
             p = sim.play(offer, traits, fate, bytes_deadline=bytes_deadline, rng=rng)
             run.given_up_healthy += p.failed_in == "deadline"
-            played.append((offer, p, fate))
-        registered = [(p.registered_s, o, p, f) for o, p, f in played if p.registered_s is not None]
+            played.append((offer, p, fate, traits.link_factor))
+        registered = [(p.registered_s, o, p, f, k) for o, p, f, k in played if p.registered_s]
         win = min(registered, key=lambda r: r[0]) if registered else None
-        for offer, p, _ in played:
+        for offer, p, _, _ in played:
             if win is not None and p is win[2]:
                 continue
             if win is not None and (p.known_s is None or p.known_s > win[0]):
@@ -220,12 +222,12 @@ def run_job(market: Market, team: Team, j: int, weather: str, seed: int, flags) 
                 continue
             failed_on_its_own(run, team, avoid, offer, p, now)
         if win is None:
-            t += max(p.known_s for _, p, _ in played) + RENT_S
+            t += max(p.known_s for _, p, _, _ in played) + RENT_S
             continue
-        at, offer, p, fate = win
+        at, offer, p, fate, link = win
         team.starts.append((now + timedelta(seconds=at), False))
         if not p.ok:  # lost after its register, before the first step
-            failed_on_its_own(run, team, avoid, offer, p, now, registered_s=at)
+            failed_on_its_own(run, team, avoid, offer, p, now, registered_s=at, link=link)
             t += p.known_s + RENT_S
             continue
         run.first_ok = n == len(played)  # its first rent (one rental or one race) did it
@@ -236,11 +238,11 @@ def run_job(market: Market, team: Team, j: int, weather: str, seed: int, flags) 
         ended = now + timedelta(seconds=p.first_step_s + sim.STEPS * sim.STEP_S)
         incident = "lost_running" if lost else ""
         team.record(offer.machine_id, now, ended, ready=True, running_h=run.rented_h,
-                    incident=incident)  # fmt: skip
+                    incident=incident, link=link)  # fmt: skip
         return run
 
 
-def failed_on_its_own(run, team, avoid, offer, p, now, registered_s=None) -> None:
+def failed_on_its_own(run, team, avoid, offer, p, now, registered_s=None, link=None) -> None:
     """A rental that failed (not a race's loser): billed until known, avoided by the job,
     remembered by the team (its start counted as failed when it never registered)."""
     from bench.support import acquisition_sim as sim
@@ -251,7 +253,7 @@ def failed_on_its_own(run, team, avoid, offer, p, now, registered_s=None) -> Non
     ended = now + timedelta(seconds=p.known_s)
     hours = max(p.known_s - registered_s, 0.0) / 3600 if registered_s is not None else 0.0
     team.record(offer.machine_id, now, ended, ready=registered_s is not None, running_h=hours,
-                incident=p.incident)  # fmt: skip
+                incident=p.incident, link=link)  # fmt: skip
     if registered_s is None:
         team.starts.append((ended, True))
 

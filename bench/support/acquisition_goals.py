@@ -35,7 +35,7 @@ def goals(results: dict, bounds: dict, claims, jobs: int, remembered: list[str])
     out.append(
         f"{verdict(ok)} bad: expected wait for the first step {best.mean:.0f} s (goal <= "
         f"{GOAL_BAD_WAIT_S:.0f} s; baseline {bad['baseline'].mean:.0f} s), p90/p50 "
-        f"{best.spread:.2f} (goal <= {GOAL_BAD_SPREAD:g}; baseline {bad['baseline'].spread:.2f})"
+        f"{best.spread:.3f} (goal <= {GOAL_BAD_SPREAD:g}; baseline {bad['baseline'].spread:.2f})"
     )
     if not ok:
         start, pull, model = b.parts
@@ -50,7 +50,7 @@ def goals(results: dict, bounds: dict, claims, jobs: int, remembered: list[str])
     best = typical["all three"]
     ok = best.spread <= GOAL_TYPICAL_SPREAD
     out.append(
-        f"{verdict(ok)} typical: rent → first step p90/p50 {best.spread:.2f} ({best.p90:.0f} / "
+        f"{verdict(ok)} typical: rent → first step p90/p50 {best.spread:.3f} ({best.p90:.0f} / "
         f"{best.p50:.0f} s; goal <= {GOAL_TYPICAL_SPREAD:g}; baseline "
         f"{typical['baseline'].spread:.2f})"
     )

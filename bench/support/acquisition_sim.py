@@ -62,6 +62,8 @@ class Played:
     running_s: float | None
     pull_s: float
     download_s: float
+    loading_s: float | None = None  # created → loading: the pull starts (None: never)
+    pull_share: float = 1.0  # the share of the image a stalled pull gets to
 
     @property
     def ok(self) -> bool:
@@ -88,6 +90,9 @@ def play(offer: Offer, traits: Traits, fate: Fate, *, bytes_deadline: bool, rng)
     loss = out.failed_after_s
     if loss is not None and registered is not None and loss < registered:
         registered = None  # lost between running and the register
+    loading = None if fate.never_ready == "created" else fate.scheduling_s
+    share = fate.stall_at if fate.never_ready == "loading" else 1.0
+    pulling = {"loading_s": loading, "pull_share": share}
     phase = rng.uniform(0.0, POLL_S)  # where the provider poll falls in this rental's clock
     due = _deadline(offer, fate, out.running_after_s, pull_s, bytes_deadline, phase)
     first_step = None
@@ -97,16 +102,17 @@ def play(offer: Offer, traits: Traits, fate: Fate, *, bytes_deadline: bool, rng)
         # No agent by its deadline: given up then, unless the poll saw the host go first.
         if loss is not None and loss < due:
             known = _next_poll(loss, phase)
-            return Played(None, None, out.failed_in, known, out.running_after_s, pull_s, download_s)
+            running = out.running_after_s
+            return Played(None, None, out.failed_in, known, running, pull_s, download_s, **pulling)
         words = out.failed_in or "deadline"  # a healthy host slower than its deadline
         running = _before(out.running_after_s, due)
-        return Played(None, None, words, due, running, pull_s, download_s)
+        return Played(None, None, words, due, running, pull_s, download_s, **pulling)
     if first_step is None:  # lost after its register: the next poll
         known = _next_poll(loss, phase)
-        return Played(
-            registered, None, out.failed_in, known, out.running_after_s, pull_s, download_s
-        )
-    return Played(registered, first_step, "", None, out.running_after_s, pull_s, download_s)
+        run = out.running_after_s
+        return Played(registered, None, out.failed_in, known, run, pull_s, download_s, **pulling)
+    running = out.running_after_s
+    return Played(registered, first_step, "", None, running, pull_s, download_s, **pulling)
 
 
 def first_step_s(traits: Traits, fate: Fate) -> tuple[float, float, float, float] | None:
@@ -169,7 +175,10 @@ def billed_usd(offer: Offer, played: Played, until_s: float) -> float:
     storage = (offer.storage_usd_per_gb_hour or 0.0) * DISK_GB * until / 3600
     running = played.running_s
     gpu = offer.dph_base * max(until - running, 0.0) / 3600 if running is not None else 0.0
-    pulled = IMAGE_B * min(until / max(played.pull_s, 1e-9), 1.0) if running is None else IMAGE_B
+    pulled = 0.0
+    if played.loading_s is not None:  # the image from loading on, up to where a stall stops it
+        share = max(until - played.loading_s, 0.0) / max(played.pull_s, 1e-9)
+        pulled = IMAGE_B * min(share, played.pull_share)
     if running is not None:
         after = until - running - REGISTER_S - SETUP_S
         pulled += MODEL_B * min(max(after, 0.0) / max(played.download_s, 1e-9), 1.0)
