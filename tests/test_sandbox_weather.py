@@ -60,6 +60,18 @@ def test_the_same_seed_gives_the_same_traits_and_the_same_fates():
     assert outcomes == first_attempts.simulate_rentals(OFFERS, "bad", 7, 300)
 
 
+def test_the_start_weather_draws_the_fates_provider_start_and_nothing_else():
+    # --start-weather: the same created → loading as the rental's fate, with no fate at all.
+    for name in ("good", "typical", "bad"):
+        for i, offer in enumerate(OFFERS[:50]):
+            fate = weather.rental_fate(weather.machine_traits(offer, name, 7), 7, FIRST_ID + i)
+            assert weather.provider_start_s(name, 7, FIRST_ID + i) == fate.scheduling_s
+    typical = [weather.provider_start_s("typical", 7, FIRST_ID + i) for i in range(400)]
+    busy = [s for s in typical if s >= weather.BUSY_SCHEDULING_S[0]]
+    assert min(typical) >= weather.CACHED_SCHEDULING_S[0]
+    assert 0.1 < len(busy) / len(typical) < 0.3  # the weather's busy share, 0.2
+
+
 def test_a_machine_keeps_its_frailty_across_weathers_and_worse_weather_fails_more():
     offer = BY_ASK[15586800]
     frailty = {w: weather.machine_traits(offer, w, 3).frailty for w in TARGETS}
