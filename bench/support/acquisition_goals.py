@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import statistics
 
-from bench.support import acquisition_sim as sim
 from bench.support import percentile
+from bench.support.acquisition_sim import DESTROY_S
 
 GOAL_BAD_WAIT_S = 600.0
 GOAL_BAD_SPREAD, GOAL_TYPICAL_SPREAD = 2.0, 1.5
@@ -21,7 +21,9 @@ def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
 
-def goals(results: dict, bounds: dict, claims, jobs: int, remembered: list[str]) -> list[str]:
+def goals(
+    results: dict, bounds: dict, claims, jobs: int, remembered: list[str], job: str
+) -> list[str]:
     """Each goal of issue 39 item 6 against the same run's baseline: PASS or FAIL, and where a
     goal fails, the bound and the assumption that blocks it."""
     out = []
@@ -42,10 +44,9 @@ def goals(results: dict, bounds: dict, claims, jobs: int, remembered: list[str])
         out.append(
             f"     bound (knows which machines fail): expected {b_mean:.0f} s, p50 {b_p50:.0f} s, "
             f"p90 {b_p90:.0f} s; its parts (p50): provider start {start:.0f} s (Vast: '2-5 "
-            f"minutes' for a busy host, vast-ai/docs), image pull {pull:.0f} s, the 15 GB model "
-            f"{model:.0f} s at the machine's real link (noema moved 33 GB in 340-466 s), setup "
-            f"{sim.SETUP_S:.0f} s + load {sim.LOAD_S:.0f} s (assumed). What blocks it: "
-            + blocker(b_mean, b_p50, b_p90)
+            f"minutes' for a busy host, vast-ai/docs), image pull {pull:.0f} s, the model "
+            f"{model:.0f} s at the machine's real link (noema moved 33 GB in 340-466 s), "
+            "then setup and load (the job's). What blocks it: " + blocker(b_mean, b_p50, b_p90)
         )
     best = typical["all three"]
     ok = best.spread <= GOAL_TYPICAL_SPREAD
@@ -66,8 +67,8 @@ def goals(results: dict, bounds: dict, claims, jobs: int, remembered: list[str])
         out.append(
             f"{verdict(s.waste_share <= GOAL_WASTE)} {weather}: failed attempts and losers "
             f"{s.waste_share:.1%} of the job (losers {s.loser_share:.1%}; goal <= "
-            f"{GOAL_WASTE:.0%}; baseline {base.waste_share:.1%}); the job: the field report's "
-            "QLoRA, 300 steps x 4 s on its kept RTX 4090, its start, storage, image and model"
+            f"{GOAL_WASTE:.0%}; baseline {base.waste_share:.1%}); the job: {job}, on its kept "
+            "host: its start, steps, storage, image and model bytes"
         )
         if s.waste_share > GOAL_WASTE:
             out.append(
@@ -87,7 +88,7 @@ def goals(results: dict, bounds: dict, claims, jobs: int, remembered: list[str])
         f"{verdict(alive < LOSER_ALIVE_GOAL_S)} losers alive after the winner's register: at "
         f"most {alive:.0f} s (goal 0 alive at {LOSER_ALIVE_GOAL_S:.0f} s). Modelled, not "
         "measured: race_end.win destroys them after its commit (one destroy call, "
-        f"{sim.DESTROY_S:.0f} s assumed); a failed destroy is retried by the watchdog's pass "
+        f"{DESTROY_S:.0f} s assumed); a failed destroy is retried by the watchdog's pass "
         "every 10 s (tests/test_hedged_rents.py checks that the destroy stops the billing)"
     )
     for weather in weathers:

@@ -33,19 +33,42 @@ from sandbox.weather import Fate, Traits, down_bytes_per_s
 POLL_S = 10.0  # PROVIDER_POLL_INTERVAL_S
 FLAT_TIMEOUT_S = 1200.0  # JobSpec.start_timeout_s's default: today's only start deadline
 DESTROY_S = 2.0  # a destroy call to Vast's API (no public figure; seconds)
+REGISTER_S = 15.0  # the agent's bootstrap and register (hosts.selection.race.REGISTER_S)
+DISK_GB = 20.0  # the field report's requirements (tests/support/market.py)
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """What a job does on a fresh host before its first step, and then (production s)."""
+
+    name: str
+    gpu: str
+    image_b: int
+    model_b: float  # downloaded by the command after setup
+    setup_s: float
+    load_s: float
+    step_s: float
+    steps: int
+
+    @property
+    def start(self) -> Start:
+        """``sandbox.first_attempts``'s view of it: survives to its first step."""
+        return Start(
+            image_bytes=self.image_b,
+            download_bytes=int(self.model_b),
+            setup_minutes=(REGISTER_S + self.setup_s) / 60,  # running, before the download
+            first_minutes=(self.load_s + self.step_s) / 60,
+        )
+
+
 # The field report's QLoRA job (bench/support/field_report.py): the sandbox's pytorch image
 # (3.6 GB), a 15 GB model downloaded by the command, 45 s of setup, 30 s to load, 4 s a step.
-IMAGE_B = IMAGE_BYTES["pytorch/pytorch"]
-MODEL_B = 15e9
-REGISTER_S = 15.0  # the agent's bootstrap and register (hosts.selection.race.REGISTER_S)
-SETUP_S, LOAD_S, STEP_S, STEPS = 45.0, 30.0, 4.0, 300
-DISK_GB = 20.0  # the field report's requirements (tests/support/market.py)
-START = Start(
-    image_bytes=IMAGE_B,
-    download_bytes=int(MODEL_B),
-    setup_minutes=(REGISTER_S + SETUP_S) / 60,  # running, before the download starts
-    first_minutes=(LOAD_S + STEP_S) / 60,  # survives to its first step
-)
+FIELD = JobShape("field report", "RTX 4090", IMAGE_BYTES["pytorch/pytorch"], 15e9, 45, 30, 4, 300)
+# noema's re-baseline start (sandbox/first_attempts.py REFERENCE_START, what the weather is
+# calibrated on): 33 GB of models after about 3 minutes of setup, on RTX 3090s; its first
+# "step" is the download done; then the field report's 300 x 4 s of work.
+NOEMA = JobShape("noema", "RTX 3090", IMAGE_BYTES["pytorch/pytorch"], 33e9, 180, 0, 4, 300)
+SHAPES = {"field": FIELD, "noema": NOEMA}
 EPOCH = datetime(2026, 12, 1, tzinfo=UTC)
 
 
@@ -62,6 +85,7 @@ class Played:
     running_s: float | None
     pull_s: float
     download_s: float
+    job: JobShape = FIELD
     loading_s: float | None = None  # created → loading: the pull starts (None: never)
     pull_share: float = 1.0  # the share of the image a stalled pull gets to
 
@@ -81,23 +105,26 @@ class Played:
         return "lost_running"
 
 
-def play(offer: Offer, traits: Traits, fate: Fate, *, bytes_deadline: bool, rng) -> Played:
+def play(
+    offer: Offer, traits: Traits, fate: Fate, *, bytes_deadline: bool, rng, job: JobShape = FIELD
+) -> Played:
     """OFFER's rental on these draws, given up by the flat timeout or the deadline from bytes."""
-    out = start_outcome(traits, fate, START)
+    out = start_outcome(traits, fate, job.start)
     rate = down_bytes_per_s(traits)
-    pull_s, download_s = IMAGE_B / rate, MODEL_B / rate
+    pull_s, download_s = job.image_b / rate, job.model_b / rate
     registered = out.running_after_s + REGISTER_S if out.running_after_s is not None else None
     loss = out.failed_after_s
     if loss is not None and registered is not None and loss < registered:
         registered = None  # lost between running and the register
     loading = None if fate.never_ready == "created" else fate.scheduling_s
     share = fate.stall_at if fate.never_ready == "loading" else 1.0
-    pulling = {"loading_s": loading, "pull_share": share}
+    pulling = {"job": job, "loading_s": loading, "pull_share": share}
     phase = rng.uniform(0.0, POLL_S)  # where the provider poll falls in this rental's clock
-    due = _deadline(offer, fate, out.running_after_s, pull_s, bytes_deadline, phase)
+    due = _deadline(offer, fate, out.running_after_s, pull_s, bytes_deadline, phase, job.image_b)
     first_step = None
     if out.succeeded:
-        first_step = out.running_after_s + REGISTER_S + SETUP_S + download_s + LOAD_S + STEP_S
+        ready = out.running_after_s + REGISTER_S + job.setup_s + download_s
+        first_step = ready + job.load_s + job.step_s
     if registered is None or registered > due:
         # No agent by its deadline: given up then, unless the poll saw the host go first.
         if loss is not None and loss < due:
@@ -115,15 +142,16 @@ def play(offer: Offer, traits: Traits, fate: Fate, *, bytes_deadline: bool, rng)
     return Played(registered, first_step, "", None, running, pull_s, download_s, **pulling)
 
 
-def first_step_s(traits: Traits, fate: Fate) -> tuple[float, float, float, float] | None:
+def first_step_s(traits: Traits, fate: Fate, job: JobShape = FIELD) -> tuple | None:
     """Create → first step of a rental that succeeds on these draws, and its parts (provider
     start, image pull, model download); None when it fails. What perfect knowledge rents."""
-    out = start_outcome(traits, fate, START)
+    out = start_outcome(traits, fate, job.start)
     if not out.succeeded:
         return None
     rate = down_bytes_per_s(traits)
-    first = out.running_after_s + REGISTER_S + SETUP_S + MODEL_B / rate + LOAD_S + STEP_S
-    return first, fate.scheduling_s, IMAGE_B / rate, MODEL_B / rate
+    download = job.model_b / rate
+    first = out.running_after_s + REGISTER_S + job.setup_s + download + job.load_s + job.step_s
+    return first, fate.scheduling_s, job.image_b / rate, download
 
 
 def _before(moment: float | None, end: float) -> float | None:
@@ -134,14 +162,14 @@ def _next_poll(at: float, phase: float) -> float:
     return phase + POLL_S * math.ceil(max(at - phase, 0.0) / POLL_S)
 
 
-def _deadline(offer, fate, running_s, pull_s, bytes_deadline: bool, phase: float) -> float:
+def _deadline(offer, fate, running_s, pull_s, bytes_deadline: bool, phase: float, image_b) -> float:
     """Seconds from the create to the start deadline, as the watchdog would move it."""
     if not bytes_deadline:
         return FLAT_TIMEOUT_S
     rented = EPOCH
     plan = sd.StartPlan(
         rented_at=rented,
-        image_gb=IMAGE_B / sd.GIB,
+        image_gb=image_b / sd.GIB,
         image_held=False,
         link=sd.link_for(None, offer.inet_down_mbps),
         start_timeout_s=FLAT_TIMEOUT_S,
@@ -178,16 +206,17 @@ def billed_usd(offer: Offer, played: Played, until_s: float) -> float:
     pulled = 0.0
     if played.loading_s is not None:  # the image from loading on, up to where a stall stops it
         share = max(until - played.loading_s, 0.0) / max(played.pull_s, 1e-9)
-        pulled = IMAGE_B * min(share, played.pull_share)
+        pulled = played.job.image_b * min(share, played.pull_share)
     if running is not None:
-        after = until - running - REGISTER_S - SETUP_S
-        pulled += MODEL_B * min(max(after, 0.0) / max(played.download_s, 1e-9), 1.0)
+        after = until - running - REGISTER_S - played.job.setup_s
+        pulled += played.job.model_b * min(max(after, 0.0) / max(played.download_s, 1e-9), 1.0)
     return storage + gpu + (offer.download_usd_per_gb or 0.0) * pulled / 1e9
 
 
 def job_usd(offer: Offer, played: Played) -> float:
     """The job on its kept host: its start, 300 steps, destroyed after the last."""
-    return billed_usd(offer, played, played.first_step_s + (STEPS - 1) * STEP_S)
+    job = played.job
+    return billed_usd(offer, played, played.first_step_s + (job.steps - 1) * job.step_s)
 
 
 def seeded(*parts) -> random.Random:
