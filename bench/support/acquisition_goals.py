@@ -116,8 +116,8 @@ def blocker(mean: float, p50: float, p90: float) -> str:
         return (
             f"even knowing every failure, a good host's start is {mean:.0f} s on average: the "
             "goal assumes a start as short as a cached image's (Vast's FAQ: 'loading is normal "
-            "for 30 seconds with cached images'; dumont-cloud: 72.8 s create → running), not a "
-            "3.6 GB pull and a 15 GB download at the links noema measured"
+            "for 30 seconds with cached images'; dumont-cloud: 72.8 s create → running), not an "
+            "image pull and the job's model download at the links noema measured"
         )
     if p90 > GOAL_BAD_SPREAD * p50:
         return (
