@@ -2,8 +2,9 @@
 (issue 39 item 6). Seeded, deterministic, no server: the product's decision functions on the
 bundled market, the sandbox's weather model as the truth of each machine.
 
-Usage: ``python bench/acquisition.py [--quick] [--jobs N] [--seed S]`` (about a minute for
-the default 300 jobs per configuration and weather on 2 shared cores; ``--quick`` 80 jobs).
+Usage: ``python bench/acquisition.py [--quick] [--jobs N] [--seed S] [--job field|noema]``
+(about 25 s for the default 300 jobs per configuration and weather on 2 shared cores;
+``--quick`` 80 jobs, about 15 s). Figures and how to read them: docs/benchmarks.md.
 
 A team runs the field report's QLoRA job (``bench/support/acquisition_sim.py``: a 3.6 GB image,
 a 15 GB model downloaded by the command, 300 steps at 4 s on one RTX 4090, on demand, the field
@@ -12,7 +13,8 @@ until a host gets to its first step. Each rental is played on the sandbox's draw
 weather``, ``sandbox.first_attempts``: ``typical`` fails a first attempt about 25 % of the time,
 ``bad`` 60 %, noema's re-baseline, monygroupcorp/noema docs/benchmarks/2026-05-04-vastai-
 rebaseline.md: 10 RTX 3090 rentals, 4 ok, failures after 5-14.5 min). Fates are paired: the
-n-th rental of job j meets the same draws in every configuration.
+n-th rental of job j meets the same draws in every configuration. Each rent sees half of the
+market's machines (``LISTED``), the market three machines deep per offer (``MARKET_COPIES``).
 
 Configurations: the baseline is today's path without the three measures (one offer at a time,
 ``hosts.selection.choose_offer`` with no memory, a flat 1,200 s start timeout, the job's avoid

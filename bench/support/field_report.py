@@ -7,7 +7,9 @@ an idle 2-core machine, near 4 beside a test suite; ``--quick`` 1, about 70 s).
 
 What runs: the installation of ``bench/recovery.py`` (web, worker, beat thread, sandbox), the
 sandbox at one uniform time scale (``--time-scale 0.02``, no ``--fast`` clamps: every phase keeps
-its proportion; a figure is wall seconds / 0.02) and its market cut to offers of 500-2,000 Mbit/s.
+its proportion; a figure is wall seconds / 0.02) and its market cut to offers of 500-2,000 Mbit/s,
+the provider start drawn as the market weather draws it (``--start-weather``, ``START_WEATHER``;
+before 6 December the sandbox's 60-300 s triangle: the figures below are from then).
 Poll, tick and heartbeat are production's times the same scale. The job is the field report's:
 a 4 GB image (``--image-size``), a setup (45 s, an assumption: pip installing the QLoRA example's
 requirements over an image that has torch), a command that downloads the 15 GB model through
