@@ -24,7 +24,7 @@ import pytest
 
 from sandbox import first_attempts, weather
 from sandbox.market import DEFAULT_MARKET, Market, load_offers
-from sandbox.timing import CONTAINER_START_S, IMAGE_BYTES
+from sandbox.timing import CONTAINER_START_S, IMAGE_BYTES, Timing
 
 OFFERS = load_offers(DEFAULT_MARKET)
 BY_ASK = {o["id"]: o for o in OFFERS}
@@ -212,6 +212,24 @@ def test_a_host_that_vanishes_while_loading_is_gone_and_bills_what_it_used(sandb
     assert view["billed"]["gpu"] == 0
     assert view["billing_now"] == []
     assert PAID_LINK_ASK not in {o["id"] for o in box.search({"limit": 1000})}
+
+
+def test_a_served_start_weather_draws_created_to_loading_and_draws_no_fate(sandbox_factory):
+    box = sandbox_factory(
+        "--start-weather", "bad", "--seed", "5", "--time-scale", "0.01", fast=False
+    )  # fmt: skip
+    ask = box.search({"rentable": {"eq": True}})[0]["id"]
+    iid = box.create(ask, image=IMAGE, disk=20)
+
+    poll(lambda: (shown(box, iid) or {}).get("actual_status") == "loading", "loading")
+
+    view = box.debug(iid)
+    at = {e["kind"]: e["ts"] for e in view["events"]}
+    drawn = weather.provider_start_s("bad", 5, iid) * 0.01  # the weather's draw, scaled
+    triangle = Timing(scale=0.01, seed=5).scheduling_s(iid)  # what it would be without the flag
+    assert abs(drawn - triangle) > 0.1
+    assert at["loading"] - at["created"] == pytest.approx(drawn, abs=0.05)
+    assert not view.get("fate")  # none of the weather's failures: weather none otherwise
 
 
 @pytest.mark.parametrize("where", ["created", "loading"])
