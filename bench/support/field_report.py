@@ -719,8 +719,9 @@ def restated_goal(run: Run) -> list[str]:
     ]
     if not ok:
         rows = run.by_config["cached"]
+        mine = {key: p50([r.phases[key] for r in rows]) for key, _ in PHASES}
         gap = ", ".join(
-            f"{label} {p50([r.phases[key] for r in rows]):.0f} s"
+            f"{label} {mine[key]:.0f} s"
             for key, label in (
                 ("image_pull", "image pull"),
                 ("setup", "setup (45 s assumed: a pip install)"),
@@ -728,9 +729,12 @@ def restated_goal(run: Run) -> list[str]:
             )
         )
         lines.append(
-            f"  what separates the move from its bound: {gap} on the new host; the bound takes"
-            " them as already there (only a standby, measure 4, or the same host back, measure"
-            " 3, starts with them: the keep rule below)"
+            "  what separates the move from its bound: its provider start"
+            f" {mine['provider_start']:.0f} s against the bound's median"
+            f" {m['provider_start']:.0f} s (each drill draws"
+            f" its own: {len(rows)} drills), and {gap} on the new host, which the bound takes as"
+            " already there (only a standby, measure 4, or the same host back, measure 3,"
+            " starts with them: the keep rule below)"
         )
     return lines
 
