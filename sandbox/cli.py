@@ -146,6 +146,13 @@ def build_parser(default_state_dir: Path) -> argparse.ArgumentParser:
         "good, typical or bad (first attempts succeed about 95 / 75 / 40 %%); default: "
         f"${weather.ENV_VAR}, else none; under --fast only this flag sets it",
     )
+    serve.add_argument(
+        "--start-weather",
+        choices=weather.WEATHERS[1:],
+        default="",
+        help="in weather none, draw created → loading as this weather does (sandbox/weather.py:"
+        " cached hosts 25-70 s, busy hosts 2-5 min), none of its failures",
+    )
     serve.add_argument("--verbose", action="store_true", help="log every request")
     inject = sub.add_parser("inject", help="inject a failure into a running sandbox")
     inject.add_argument("action", choices=(*INSTANCE_ACTIONS, *GLOBAL_ACTIONS))
@@ -199,6 +206,7 @@ def serve(args: argparse.Namespace) -> int:
         scheduling_fixed_s=fixed if args.scheduling_s is None else args.scheduling_s,
         byte_scale=args.byte_scale,
         image_sizes=tuple(args.image_size),
+        start_weather=args.start_weather,
     )
     options = Options(
         bids=bid_settings(args),

@@ -65,6 +65,10 @@ class Timing:
     byte_scale: float = 1.0
     # --image-size NAME=BYTES: sizes that extend (and win over) the IMAGE_BYTES table.
     image_sizes: tuple[tuple[str, int], ...] = ()
+    # --start-weather W: created → loading drawn as weather W draws it (weather.py: a cached
+    # host's 25-70 s, a busy host's 2-5 minutes), with none of W's failures (a bench that times
+    # moves on the calibrated start: bench/support/field_report.py). "" keeps the triangle.
+    start_weather: str = ""
 
     @classmethod
     def fast(cls, seed: int | None = None) -> Timing:

@@ -216,6 +216,14 @@ def rental_fate(traits: Traits, seed: int | None, instance_id: int) -> Fate:
     )
 
 
+def provider_start_s(weather: str, seed: int | None, instance_id: int) -> float:
+    """``created`` → ``loading`` of rental INSTANCE_ID in WEATHER, the same draw as its fate's
+    (``rental_fate``), for a sandbox that wants the weather's start without its failures."""
+    rng = random.Random(f"{seed or 0}:{instance_id}:weather-fate")
+    u = [rng.random() for _ in range(4)]
+    return scheduling_s(weather, seed, instance_id, u[2], u[3], MIXES[weather])
+
+
 def scheduling_s(
     weather: str, seed: int | None, instance_id: int, busy: float, where: float, mix: Mix
 ) -> float:

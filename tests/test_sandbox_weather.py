@@ -24,7 +24,7 @@ import pytest
 
 from sandbox import first_attempts, weather
 from sandbox.market import DEFAULT_MARKET, Market, load_offers
-from sandbox.timing import CONTAINER_START_S, IMAGE_BYTES
+from sandbox.timing import CONTAINER_START_S, IMAGE_BYTES, Timing
 
 OFFERS = load_offers(DEFAULT_MARKET)
 BY_ASK = {o["id"]: o for o in OFFERS}
@@ -58,6 +58,18 @@ def test_the_same_seed_gives_the_same_traits_and_the_same_fates():
     assert draw(7) != draw(8)
     outcomes = first_attempts.simulate_rentals(OFFERS, "bad", 7, 300)
     assert outcomes == first_attempts.simulate_rentals(OFFERS, "bad", 7, 300)
+
+
+def test_the_start_weather_draws_the_fates_provider_start_and_nothing_else():
+    # --start-weather: the same created → loading as the rental's fate, with no fate at all.
+    for name in ("good", "typical", "bad"):
+        for i, offer in enumerate(OFFERS[:50]):
+            fate = weather.rental_fate(weather.machine_traits(offer, name, 7), 7, FIRST_ID + i)
+            assert weather.provider_start_s(name, 7, FIRST_ID + i) == fate.scheduling_s
+    typical = [weather.provider_start_s("typical", 7, FIRST_ID + i) for i in range(400)]
+    busy = [s for s in typical if s >= weather.BUSY_SCHEDULING_S[0]]
+    assert min(typical) >= weather.CACHED_SCHEDULING_S[0]
+    assert 0.1 < len(busy) / len(typical) < 0.3  # the weather's busy share, 0.2
 
 
 def test_a_machine_keeps_its_frailty_across_weathers_and_worse_weather_fails_more():
@@ -200,6 +212,24 @@ def test_a_host_that_vanishes_while_loading_is_gone_and_bills_what_it_used(sandb
     assert view["billed"]["gpu"] == 0
     assert view["billing_now"] == []
     assert PAID_LINK_ASK not in {o["id"] for o in box.search({"limit": 1000})}
+
+
+def test_a_served_start_weather_draws_created_to_loading_and_draws_no_fate(sandbox_factory):
+    box = sandbox_factory(
+        "--start-weather", "bad", "--seed", "5", "--time-scale", "0.01", fast=False
+    )  # fmt: skip
+    ask = box.search({"rentable": {"eq": True}})[0]["id"]
+    iid = box.create(ask, image=IMAGE, disk=20)
+
+    poll(lambda: (shown(box, iid) or {}).get("actual_status") == "loading", "loading")
+
+    view = box.debug(iid)
+    at = {e["kind"]: e["ts"] for e in view["events"]}
+    drawn = weather.provider_start_s("bad", 5, iid) * 0.01  # the weather's draw, scaled
+    triangle = Timing(scale=0.01, seed=5).scheduling_s(iid)  # what it would be without the flag
+    assert abs(drawn - triangle) > 0.1
+    assert at["loading"] - at["created"] == pytest.approx(drawn, abs=0.05)
+    assert not view.get("fate")  # none of the weather's failures: weather none otherwise
 
 
 @pytest.mark.parametrize("where", ["created", "loading"])

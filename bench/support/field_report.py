@@ -7,7 +7,9 @@ an idle 2-core machine, near 4 beside a test suite; ``--quick`` 1, about 70 s).
 
 What runs: the installation of ``bench/recovery.py`` (web, worker, beat thread, sandbox), the
 sandbox at one uniform time scale (``--time-scale 0.02``, no ``--fast`` clamps: every phase keeps
-its proportion; a figure is wall seconds / 0.02) and its market cut to offers of 500-2,000 Mbit/s.
+its proportion; a figure is wall seconds / 0.02) and its market cut to offers of 500-2,000 Mbit/s,
+the provider start drawn as the market weather draws it (``--start-weather``, ``START_WEATHER``;
+before 6 December the sandbox's 60-300 s triangle: the figures below are from then).
 Poll, tick and heartbeat are production's times the same scale. The job is the field report's:
 a 4 GB image (``--image-size``), a setup (45 s, an assumption: pip installing the QLoRA example's
 requirements over an image that has torch), a command that downloads the 15 GB model through
@@ -100,6 +102,14 @@ HOURS_PER_MONTH = 730.0
 R2_USD_PER_GB_MONTH = 0.015  # Cloudflare R2 standard storage; no egress fee
 FIELD_INTERRUPTIONS_PER_H = 15 / (30 * 24)  # the field report: 15 in 30 days
 GOALS = {"loss_to_training_p50": 90.0, "loss_to_training_p90": 180.0, "rent_to_step_p50": 150.0}
+# Issue 30's goal as issue 39 restates it for a move: host loss → training again p50 within
+# 30 s of the bound printed beside it, and p90 <= 1.5 x p50, on the calibrated provider start.
+RESTATED_OVER_BOUND_S, RESTATED_SPREAD = 30.0, 1.5
+# The provider start (created → loading) as the sandbox's market weather draws it, with none of
+# its failures (``sandbox serve --start-weather``; sandbox/weather.py: a cached host 25-70 s,
+# Vast's FAQ and dumont-cloud's 72.8 s; a busy host's "2-5 minutes", Vast's docs, for a fifth of
+# rentals in ``typical``), the same model bench/acquisition.py rents on.
+START_WEATHER = "typical"
 PHASES = (
     ("detection", "detection (the detection part's)"),
     ("rent", "rent (real s)"),
@@ -232,6 +242,7 @@ def sandbox_flags(tmp: Path) -> tuple[str, ...]:
         *("--outbid-rate-per-h", "0", "--min-bid-step-pct", "0", "--relaxed-rate-limits"),
         # Measure 2's drill wants the image found; selection prices the 0.2 wipe guess anyway.
         *("--image-wipe-chance", "0"),
+        *(("--start-weather", START_WEATHER) if START_WEATHER else ()),
     )
 
 
@@ -690,6 +701,44 @@ def bounds(rows: list[Recovery]) -> list[str]:
     ]
 
 
+def restated_goal(run: Run) -> list[str]:
+    """Issue 30's goal restated (``RESTATED_*``) on the move with every measure on, against the
+    bound of ``bounds`` (the same medians), PASS or FAIL."""
+    m = median_phases(run.all())
+    bound = m["detection"] + m["rent"] + m["provider_start"] + CONTAINER_START_S
+    bound += m["restore"] + m["command_start"] + m["load_first_step"]
+    moves = [r.total_s for r in run.by_config["cached"]]
+    over, spread = p50(moves) - bound, p90(moves) / p50(moves)
+    ok = over <= RESTATED_OVER_BOUND_S and spread <= RESTATED_SPREAD
+    start = f"--start-weather {START_WEATHER}" if START_WEATHER else "the sandbox's triangle"
+    lines = [
+        f"{'PASS' if ok else 'FAIL'} issue 30 restated (a move, every measure on, provider start"
+        f" from {start}): host loss → training again p50 {p50(moves):.0f} s = bound"
+        f" {bound:.0f} s + {over:.0f} s (goal <= +{RESTATED_OVER_BOUND_S:g} s), p90/p50"
+        f" {spread:.2f} (goal <= {RESTATED_SPREAD:g}); {len(moves)} moves"
+    ]
+    if not ok:
+        rows = run.by_config["cached"]
+        mine = {key: p50([r.phases[key] for r in rows]) for key, _ in PHASES}
+        gap = ", ".join(
+            f"{label} {mine[key]:.0f} s"
+            for key, label in (
+                ("image_pull", "image pull"),
+                ("setup", "setup (45 s assumed: a pip install)"),
+                ("model_download", "model download"),
+            )
+        )
+        lines.append(
+            "  what separates the move from its bound: its provider start"
+            f" {mine['provider_start']:.0f} s against the bound's median"
+            f" {m['provider_start']:.0f} s (each drill draws"
+            f" its own: {len(rows)} drills), and {gap} on the new host, which the bound takes as"
+            " already there (only a standby, measure 4, or the same host back, measure 3,"
+            " starts with them: the keep rule below)"
+        )
+    return lines
+
+
 def measure_lines(run: Run, cost: JobCost) -> list[str]:
     """Each measure's phase before and after it (the ladder's column before, then its own)."""
     by = run.by_config
@@ -854,6 +903,7 @@ def report(run: Run) -> None:
         " a run meet slower ones)"
     )
     print("\n".join(bounds(rows)))
+    print("\n".join(restated_goal(run)))
     print("\n".join(costs(run, cost)))
     print("\n".join(standby_rule(run, cost)))
     print(overlap_verdict(run, cost))

@@ -55,11 +55,15 @@ class WeatherFates(EngineCore):
 
     def _created_until(self, inst_id: int, fate: Fate | None, now: float) -> float | None:
         """When ``created`` ends: the sandbox's own draw in weather ``none`` or under
-        ``--scheduling-s``, the weather's otherwise; never for a host that never picks the
-        rental up."""
+        ``--scheduling-s``, the weather's otherwise (in weather ``none``, ``--start-weather``'s
+        draw); never for a host that never picks the rental up."""
         if fate is not None and fate.never_ready == "created":
             return None
-        if fate is None or self.timing.scheduling_fixed_s is not None:
+        fixed = self.timing.scheduling_fixed_s is not None
+        if fate is None and self.timing.start_weather and not fixed:
+            start = weather.provider_start_s(self.timing.start_weather, self.timing.seed, inst_id)
+            return now + self.timing.drawn(start)
+        if fate is None or fixed:
             return now + self.timing.scheduling_s(inst_id)
         return now + self.timing.drawn(fate.scheduling_s)
 
