@@ -203,14 +203,13 @@ def run_job(market: Market, team: Team, j: int, weather: str, seed: int, flags) 
     from sandbox.weather import machine_traits, rental_fate
 
     bytes_deadline, hedged, remembered = flags
-    job = market.job
     start = sim.EPOCH + j * JOB_GAP
     run, avoid, t, n, backoff = JobRun(), set(), 0.0, 0, 0.0
     while True:
         now = start + timedelta(seconds=t)
         memory = team.memory(now)
         req = replace(market.req, avoid_machine_ids=frozenset(avoid))
-        listed = listing(market, seed, j, n)
+        listed = listing(market, seed, j, n, run.no_offer)
         known = memory if remembered else NO_MEMORY
         decision = choose_offer(listed, req, market.profile, memory=known)
         if decision is None:
@@ -226,8 +225,8 @@ def run_job(market: Market, team: Team, j: int, weather: str, seed: int, flags) 
         offers = [decision.chosen.offer]
         if hedged:
             failed, decided = team.start_counts(now)
-            job = SimpleNamespace(start_timeout_s=int(sim.FLAT_TIMEOUT_S))
-            entries = entries_for(job, decision, failed=failed, decided=decided)
+            spec = SimpleNamespace(start_timeout_s=int(sim.FLAT_TIMEOUT_S))  # the job's default
+            entries = entries_for(spec, decision, failed=failed, decided=decided)
             plan = odds.plan_race(
                 [e.contender for e in entries],
                 hour_value_usd=decision.chosen.rental.gpu_usd_per_hour,
@@ -283,12 +282,17 @@ def run_job(market: Market, team: Team, j: int, weather: str, seed: int, flags) 
         return run
 
 
-def listing(market: Market, seed: int, job: int, rentals: int) -> list:
-    """The offers a rent sees: each machine listed with chance ``LISTED`` (seeded per job and
-    rent, the same in every configuration), as other tenants rent and free machines."""
+def listing(market: Market, seed: int, job: int, rentals: int, retry: int = 0) -> list:
+    """The offers a rent sees: each machine listed with chance ``LISTED`` (seeded per job, rent
+    and retry after no offer, the same in every configuration), as other tenants rent and free
+    machines."""
     from bench.support import acquisition_sim as sim
 
-    rng = sim.seeded(seed, job, rentals, "listed")
+    rng = (
+        sim.seeded(seed, job, rentals, "listed")
+        if not retry
+        else sim.seeded(seed, job, rentals, retry, "listed")
+    )
     return [o for o in market.offers if rng.random() < LISTED]
 
 
