@@ -5,15 +5,37 @@ Celery workers. They share the test's database, broker and var dir (``tests.supp
 from __future__ import annotations
 
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.support.processes import ProcessGroup, celery_command, subprocess_env, wait_until
-from tests.support.s3 import free_port
+
+# The kernel gives outgoing connections their source port from this range (ip_local_port_range,
+# https://www.kernel.org/doc/html/latest/networking/ip-sysctl.html); 49152 is IANA's start of it.
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def port_to_restart_on() -> int:
+    """A free port below the ephemeral range, for a server stopped and started again on it.
+    A port from the range (``free_port``) can be taken while the server is down by any
+    outgoing connection's source port, an agent retrying its beat to that very port included
+    (a self-connect), and the restart then fails: "That port is already in use"."""
+    low = int(EPHEMERAL_PORTS.read_text().split()[0]) if EPHEMERAL_PORTS.exists() else 49152
+    for port in random.sample(range(20000, low), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port between 20000 and {low}")
 
 
 class WebProcess:
@@ -22,7 +44,7 @@ class WebProcess:
 
     def __init__(self, processes: ProcessGroup, env: dict[str, str]) -> None:
         self.processes, self.env = processes, env
-        self.port = free_port()
+        self.port = port_to_restart_on()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
         self.starts = 0

@@ -7,6 +7,7 @@ in the member API, the events or the stored log tails."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -89,9 +90,12 @@ def code_folder(root: Path) -> Path:
 
 
 def files_holding(root: Path, needle: bytes) -> list[str]:
-    """Every file under ROOT whose bytes contain NEEDLE."""
+    """Every file under ROOT whose bytes contain NEEDLE. A destroyed instance's venv is removed
+    in the background (``sandbox.instance_python.discard``) and may vanish during the walk:
+    ``os.walk`` skips a folder gone under it, where ``Path.rglob`` raised."""
     found = []
-    for path in root.rglob("*"):
+    paths = (Path(folder, name) for folder, _, names in os.walk(root) for name in names)
+    for path in paths:
         if path.is_file() and not path.is_symlink():
             try:
                 if needle in path.read_bytes():
