@@ -64,6 +64,11 @@ def test_no_tick_is_dropped_at_a_one_second_interval_on_the_filesystem_broker(pr
         WATCHDOG_INTERVAL_S="1",
         NOTIFY_INTERVAL_S="1",
         LOG_LEVEL="DEBUG",  # the lines of each tick sent, run, discarded (nomadgpu/settings.py)
+        # No provider runs here: every poll of the server's account would hold one of the two
+        # worker processes for its ~8 s of connection retries every 10 s (a provider outage,
+        # not the broker), and on a loaded machine the other alone can let a 0.9 s tick
+        # expire. One poll at the first tick, then none while the test watches.
+        PROVIDER_POLL_INTERVAL_S="3600",
     )
     processes.start("worker", celery_command("worker", "--concurrency=2", "-l", "INFO"), env)
     beat = processes.start("beat", celery_command("beat", "-l", "DEBUG"), env)
