@@ -15,7 +15,6 @@ import math
 import statistics
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 from sandbox import first_attempts, weather
 from sandbox.market import DEFAULT_MARKET, Market, load_offers
 from sandbox.timing import CONTAINER_START_S, IMAGE_BYTES, Timing
+from tests.support.processes import wait_until
 
 OFFERS = load_offers(DEFAULT_MARKET)
 BY_ASK = {o["id"]: o for o in OFFERS}
@@ -32,17 +32,7 @@ IMAGE = "pytorch/pytorch:2.4.0-cuda12.4-cudnn9-runtime"  # 3.6 GB in the sandbox
 FIRST_ID = 21_000_001  # the sandbox's first instance id
 TARGETS = {"good": 0.95, "typical": 0.75, "bad": 0.40}
 RENTALS = 2000
-
-
-def poll(condition: Callable[[], object], what: str, timeout: float = 20.0) -> object:
-    """CONDITION's first truthy value, polled until a deadline (never a fixed sleep)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    pytest.fail(f"timed out waiting for {what}")
+QUICK = {"timeout": 20.0, "every": 0.02}  # a served sandbox answers in well under that
 
 
 # ---- the model, as plain functions ---------------------------------------------------------
@@ -194,7 +184,7 @@ def test_a_host_that_vanishes_while_loading_is_gone_and_bills_what_it_used(sandb
     iid = box.create(PAID_LINK_ASK, image=IMAGE, disk=20)
     assert iid == FIRST_ID
 
-    poll(lambda: shown(box, iid) is None, "the vanished instance to be gone")
+    wait_until(lambda: shown(box, iid) is None, what="the vanished instance to be gone", **QUICK)
 
     assert iid not in listed_ids(box)
     assert box.client().delete(f"/api/v0/instances/{iid}/").status_code == 404
@@ -221,7 +211,9 @@ def test_a_served_start_weather_draws_created_to_loading_and_draws_no_fate(sandb
     ask = box.search({"rentable": {"eq": True}})[0]["id"]
     iid = box.create(ask, image=IMAGE, disk=20)
 
-    poll(lambda: (shown(box, iid) or {}).get("actual_status") == "loading", "loading")
+    wait_until(
+        lambda: (shown(box, iid) or {}).get("actual_status") == "loading", what="loading", **QUICK
+    )
 
     view = box.debug(iid)
     at = {e["kind"]: e["ts"] for e in view["events"]}
@@ -239,9 +231,10 @@ def test_a_rental_that_never_gets_to_running_stays_where_vast_leaves_it(sandbox_
     iid = box.create(PAID_LINK_ASK, image=IMAGE, disk=20)
 
     if where == "loading":
-        stalled = poll(
+        stalled = wait_until(
             lambda: "Retrying in 5 seconds" in (shown(box, iid)["status_msg"] or ""),
-            "the stalled pull to say so",
+            what="the stalled pull to say so",
+            **QUICK,
         )
         assert stalled
     else:
@@ -272,10 +265,14 @@ def test_a_host_lost_while_running_goes_offline_or_vanishes(sandbox_factory):
     iid = box.create(PAID_LINK_ASK, image=IMAGE, disk=20, onstart="exec sleep 120\n")
 
     if fate.run_loss == "vanish":
-        poll(lambda: shown(box, iid) is None, "the host to vanish")
+        wait_until(lambda: shown(box, iid) is None, what="the host to vanish", **QUICK)
         assert iid not in listed_ids(box)
     else:
-        poll(lambda: (shown(box, iid) or {}).get("actual_status") == "offline", "offline")
+        wait_until(
+            lambda: (shown(box, iid) or {}).get("actual_status") == "offline",
+            what="offline",
+            **QUICK,
+        )
         assert shown(box, iid)["status_msg"] == "host unreachable"
     view = box.debug(iid)
     kinds = [e["kind"] for e in view["events"]]
@@ -311,7 +308,7 @@ def test_a_host_lost_mid_download_vanishes_once_its_bytes_pass_the_draw(sandbox_
     assert shown(box, iid)["actual_status"] == "running"  # half the draw: still there
     box.anon().get(f"/sandbox/download/{iid}", params={"bytes": 2 * half})
 
-    poll(lambda: shown(box, iid) is None, "the host to vanish mid-download")
+    wait_until(lambda: shown(box, iid) is None, what="the host to vanish mid-download", **QUICK)
     assert "lost mid-download" in box.debug(iid)["events"][-1]["kind"]
 
 
@@ -328,7 +325,7 @@ def test_pull_progress_is_what_status_msg_says_while_loading(sandbox_factory):
             seen.append(inst["status_msg"])
         return inst["actual_status"] == "running"
 
-    poll(running, "the pull to finish", timeout=60)
+    wait_until(running, what="the pull to finish", timeout=60, every=0.02)
 
     downloading = [m for m in seen if ": Downloading " in m]
     assert len(set(downloading)) >= 2  # it moves

@@ -6,8 +6,6 @@ nothing is left billing. Asserted as an order of events, never as a wall-clock w
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 
 import pytest
 
@@ -15,6 +13,7 @@ from jobs.models import AttemptState, JobState
 from sandbox import weather
 from sandbox.market import DEFAULT_MARKET, load_offers
 from sandbox.timing import IMAGE_BYTES
+from tests.support.processes import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -71,16 +70,6 @@ def test_the_seed_gives_the_fates_this_test_needs():
         assert clean.run_loss_after_h > 10  # sandbox hours: the toy runs about one
 
 
-def poll(condition: Callable[[], object], what: str, timeout: float) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    pytest.fail(f"timed out waiting for {what}")
-
-
 def test_a_job_reaches_its_first_step_on_a_later_rental_when_its_first_host_vanishes_loading(
     supervisor, uninterrupted_digest
 ):
@@ -93,7 +82,7 @@ def test_a_job_reaches_its_first_step_on_a_later_rental_when_its_first_host_vani
             pytest.fail(f"job {job.pk} ended {job.state}: {job.failure_reason}")
         return job.state == JobState.SUCCEEDED
 
-    poll(finished, "the job to finish", timeout=300)
+    wait_until(finished, what="the job to finish", timeout=300)
 
     first, *_, last = job.attempts.order_by("number")
     # The first rental: created, loading, then its host vanished, before any agent.
@@ -121,6 +110,6 @@ def test_a_job_reaches_its_first_step_on_a_later_rental_when_its_first_host_vani
         done = all(v["destroyed_by"] and not v["billing_now"] for v in views)
         return views if done else None
 
-    views = poll(all_destroyed, "every instance to be destroyed", timeout=60)
+    views = wait_until(all_destroyed, what="every instance to be destroyed", timeout=60)
     assert {v["id"] for v in views} >= {first.instance_id, last.instance_id}
     assert box.client().get("/api/v1/instances/").json()["instances"] == []
