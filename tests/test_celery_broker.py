@@ -11,6 +11,7 @@ import sys
 
 import pytest
 from django.conf import settings
+from django.utils import timezone
 
 from nomadgpu.models import ServiceHeartbeat
 from nomadgpu.tasks import record_ping
@@ -54,23 +55,38 @@ def test_beat_schedules_the_watchdog_and_a_worker_process_runs_it(processes, tmp
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_no_tick_is_dropped_at_a_one_second_interval_on_the_filesystem_broker(processes, tmp_path):
-    # The operator's setup: the embedded broker, a prefork worker of two, beat, 1 s ticks.
-    # Beat logs each tick's id as it is sent (DEBUG), the worker each id it ran or discarded:
-    # every tick sent from the first that ran on must run. Ticks beat sent while the worker
-    # was still starting may expire unseen (their `expires` is shorter than the interval).
+    # The operator's setup (Procfile): the embedded broker, beat, 1 s ticks, the watchdog's
+    # own worker of one process and a worker of two for the rest. Beat logs each tick's id as
+    # it is sent (DEBUG), the watchdog worker each id it ran or discarded: every tick sent
+    # from the first that ran on must run. Ticks beat sent while the worker was still starting
+    # may expire unseen (their `expires` is shorter than the interval).
     env = subprocess_env(
         NOMADGPU_VAR_DIR=str(tmp_path / "var"),
         CELERY_BROKER_URL="filesystem://",
         WATCHDOG_INTERVAL_S="1",
         NOTIFY_INTERVAL_S="1",
         LOG_LEVEL="DEBUG",  # the lines of each tick sent, run, discarded (nomadgpu/settings.py)
-        # No provider runs here: every poll of the server's account would hold one of the two
-        # worker processes for its ~8 s of connection retries every 10 s (a provider outage,
-        # not the broker), and on a loaded machine the other alone can let a 0.9 s tick
-        # expire. One poll at the first tick, then none while the test watches.
         PROVIDER_POLL_INTERVAL_S="3600",
     )
-    processes.start("worker", celery_command("worker", "--concurrency=2", "-l", "INFO"), env)
+    # No provider runs here, and a poll of an absent one holds the watchdog's only process for
+    # its ~8 s of connection retries: every tick sent meanwhile rightly expires (a provider
+    # outage, not the broker). The poll slot is taken now, so no tick polls while the test
+    # watches (jobs.watchdog.passes.provider_poll_due).
+    ServiceHeartbeat.objects.create(name="provider-poll", last_seen_at=timezone.now())
+    processes.start(
+        "watchdog",
+        celery_command(
+            "worker", "-Q", "watchdog", "--hostname=watchdog@%h", "--concurrency=1", "-l", "INFO"
+        ),
+        env,
+    )
+    processes.start(
+        "worker-rest",
+        celery_command(
+            "worker", "-Q", "celery", "--hostname=worker@%h", "--concurrency=2", "-l", "INFO"
+        ),
+        env,
+    )
     beat = processes.start("beat", celery_command("beat", "-l", "DEBUG"), env)
 
     def ticks() -> int:
@@ -78,7 +94,7 @@ def test_no_tick_is_dropped_at_a_one_second_interval_on_the_filesystem_broker(pr
         return beat.count if beat else 0
 
     def worker_log_ids(pattern: str) -> set[str]:
-        return set(re.findall(pattern, processes.log("worker")))
+        return set(re.findall(pattern, processes.log("watchdog")))
 
     def ran() -> set[str]:
         return worker_log_ids(r"Task jobs\.tasks\.watchdog_tick\[([\w-]+)\] succeeded")
@@ -98,9 +114,9 @@ def test_no_tick_is_dropped_at_a_one_second_interval_on_the_filesystem_broker(pr
             what="the worker to take every tick beat sent",
         )
     except BaseException:
-        print(processes.log("beat")[-3000:], processes.log("worker")[-3000:])
+        print(processes.log("beat")[-3000:], processes.log("watchdog")[-3000:])
         raise
-    assert discarded().isdisjoint(after_first), processes.log("worker")[-3000:]
+    assert discarded().isdisjoint(after_first), processes.log("watchdog")[-3000:]
     assert set(after_first) <= ran()
     assert len(after_first) >= 31
 
