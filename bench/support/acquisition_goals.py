@@ -22,10 +22,11 @@ def verdict(ok: bool) -> str:
 
 
 def goals(
-    results: dict, bounds: dict, claims, jobs: int, remembered: list[str], job: str
+    results: dict, bounds: dict, claims, jobs: int, remembered: list[str], job: str, knows: str
 ) -> list[str]:
     """Each goal of issue 39 item 6 against the same run's baseline: PASS or FAIL, and where a
-    goal fails, the bound and the assumption that blocks it."""
+    goal fails, the bound and the assumption that blocks it. KNOWS: the name of the memory's
+    bound among RESULTS' rows."""
     out = []
     weathers = tuple(results)
     bad, typical = results["bad"], results["typical"]
@@ -93,7 +94,7 @@ def goals(
     )
     for weather in weathers:
         s, base = results[weather]["team memory"], results[weather]["baseline"]
-        fewer = 1 - s.incidents_per_h / base.incidents_per_h
+        fewer = 1 - s.incidents_per_h / base.incidents_per_h if base.incidents_per_h else 0.0
         dearer = s.dph / base.dph - 1
         ok = fewer >= GOAL_MEMORY_FEWER and dearer <= GOAL_MEMORY_DEARER
         out.append(
@@ -102,6 +103,15 @@ def goals(
             f"({fewer:.0%} fewer, goal >= {GOAL_MEMORY_FEWER:.0%}) at ${s.dph:.3f}/h vs "
             f"${base.dph:.3f}/h ({dearer:+.1%}, goal <= +{GOAL_MEMORY_DEARER:.0%})"
         )
+        if not ok:
+            k = results[weather][knows]
+            known = 1 - k.incidents_per_h / base.incidents_per_h if base.incidents_per_h else 0.0
+            out.append(
+                f"     bound: {known:.1%} fewer at {k.dph / base.dph - 1:+.1%} $/h, knowing every "
+                "machine's hidden traits (sandbox/weather.py: frailty from reliability, hosting "
+                "type and a hidden factor that is a guess, no public figure). "
+                + memory_blocker(fewer, known)
+            )
     aside = sum(results[w][c].set_aside_rented for w in weathers for c in remembered)
     out.append(
         f"{verdict(aside == 0)} rentals of a machine set aside (2 incidents in 7 days) with the "
@@ -109,6 +119,22 @@ def goals(
         " bench/machine_memory.py)"
     )
     return out
+
+
+def memory_blocker(fewer: float, known: float) -> str:
+    """What keeps the team memory from its goal, given what it did (FEWER) and its bound."""
+    above = (
+        "The goal is above the bound: most failures in this weather fall on machines no worse "
+        "than the rest, which no record can avoid. "
+        if known < GOAL_MEMORY_FEWER
+        else ""
+    )
+    return above + (
+        f"The memory is {known - fewer:.0%} short of the bound: a team renting one job every "
+        "4 h sees each machine a few times per 14-day half-life, too few rentals to tell a "
+        "machine that fails 1 start in 10 from one that fails 1 in 5 (the assumption: this "
+        "team's volume, JOB_GAP, not a public figure)"
+    )
 
 
 def blocker(mean: float, p50: float, p90: float) -> str:

@@ -154,6 +154,20 @@ def first_step_s(traits: Traits, fate: Fate, job: JobShape = FIELD) -> tuple | N
     return first, fate.scheduling_s, job.image_b / rate, download
 
 
+def chance_to_fail(traits: Traits, job: JobShape = FIELD) -> float:
+    """The chance a rental of the machine with TRAITS fails JOB, or loses it while it runs,
+    from its hidden traits (``start_outcome``'s hazards over the job's own seconds): what a
+    memory that knew every machine would price. The memory's bound ranks by it."""
+    rate = down_bytes_per_s(traits)
+    moving_h = (job.image_b + job.model_b) / rate / 3600
+    running_h = (REGISTER_S + job.setup_s + job.model_b / rate + job.load_s) / 3600
+    running_h += job.steps * job.step_s / 3600
+    survives = (1.0 - traits.never_ready_p) * math.exp(
+        -traits.load_hazard_per_h * moving_h - traits.run_hazard_per_h * running_h
+    )
+    return 1.0 - survives
+
+
 def _before(moment: float | None, end: float) -> float | None:
     return moment if moment is not None and moment < end else None
 
