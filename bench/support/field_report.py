@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -97,7 +98,7 @@ SETUP_S, LOAD_S, STEP_S = 45.0, 30.0, 4.0  # production seconds (assumptions, mo
 FIELD_STEPS = 300  # the field report's job: 300 steps at ~4 s
 CONTAINER_START_S = 5.0  # the sandbox's container start on a host that has the image
 MBIT = (500, 2000)  # the issue's host bandwidths
-MARKET_COPIES = 3  # field_market: how many machines like each 1-GPU RTX 4090 offer
+MARKET_COPIES = 3  # field_market: how many machines like each 1-GPU RTX 4090 offer, at least
 HOURS_PER_MONTH = 730.0
 R2_USD_PER_GB_MONTH = 0.015  # Cloudflare R2 standard storage; no egress fee
 FIELD_INTERRUPTIONS_PER_H = 15 / (30 * 24)  # the field report: 15 in 30 days
@@ -215,15 +216,20 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def field_market(tmp: Path) -> Path:
-    """The realistic market (the sandbox's copy) cut to the issue's 500-2,000 Mbit/s."""
+def field_market(tmp: Path, drills: int = 2) -> Path:
+    """The realistic market (the sandbox's copy) cut to the issue's 500-2,000 Mbit/s, deep
+    enough for DRILLS drills per configuration."""
     offers = json.loads((ROOT / "sandbox" / "market" / "offers.json").read_text())
     kept = [o for o in offers if MBIT[0] <= float(o["inet_down"]) <= MBIT[1]]
     # Only 10 of them are 1-GPU RTX 4090s and every destroy takes one off the market for good,
     # while the default run destroys 16: each is listed MARKET_COPIES times, as machines like it
     # (new ask and machine ids; the sandbox draws each one's phases on its own).
     fits = [o for o in kept if o["gpu_name"] == "RTX 4090" and int(o["num_gpus"]) == 1]
-    for copy in range(1, MARKET_COPIES):
+    # Each round of drills takes up to one rent per configuration (a move, the cached drill's
+    # other job), plus the first rent, and a rent may race two hosts (race = "auto"): every
+    # destroy, a loser's too, takes its machine off the market. With 5 drills up to 72.
+    used = 2 * (drills * len(CONFIGS) + 1)
+    for copy in range(1, max(MARKET_COPIES, math.ceil(used / len(fits)))):
         for o in fits:
             ask = int(o["ask_contract_id"]) + copy * 100_000_000
             machine = int(o.get("machine_id") or o["ask_contract_id"]) + copy * 100_000_000
@@ -234,10 +240,11 @@ def field_market(tmp: Path) -> Path:
     return path
 
 
-def sandbox_flags(tmp: Path) -> tuple[str, ...]:
+def sandbox_flags(tmp: Path, drills: int = 2) -> tuple[str, ...]:
+    market = field_market(tmp, drills)
     return (
         *("--time-scale", str(SCALE), "--byte-scale", str(BYTE_SCALE)),
-        *("--image-size", f"{IMAGE}={int(IMAGE_GB * GB)}", "--market", str(field_market(tmp))),
+        *("--image-size", f"{IMAGE}={int(IMAGE_GB * GB)}", "--market", str(market)),
         # On-demand rentals: no other tenants, a still min_bid; rate limits are real seconds.
         *("--outbid-rate-per-h", "0", "--min-bid-step-pct", "0", "--relaxed-rate-limits"),
         # Measure 2's drill wants the image found; selection prices the 0.2 wipe guess anyway.
@@ -936,7 +943,8 @@ def main() -> int:
     args = parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="nomadgpu-field-bench-"))
     configure(tmp)
-    installation = Installation(tmp, FieldTiming(), sandbox_flags=sandbox_flags(tmp))
+    flags = sandbox_flags(tmp, args.drills)
+    installation = Installation(tmp, FieldTiming(), sandbox_flags=flags)
     try:
         installation.start()
         report(run_drills(installation, args.drills, args.detection_s, quick=args.quick))
