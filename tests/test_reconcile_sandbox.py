@@ -118,7 +118,13 @@ def test_reconciliation_flags_exactly_the_overcharge_the_traffic_and_the_outside
     assert gpu.billed == pytest.approx(billed_s / 3600 * gpu.recorded_rate, abs=0.0005)
 
     assert rows[over.pk].status == reconcile.Status.OVER_BILLED
-    assert rows[over.pk].pct == pytest.approx(100, abs=10)
+    # The overcharge doubles every billed quantity; our record differs from the seconds the
+    # sandbox used only by the two clocks (as for the clean host), which bounds the percentage:
+    # 100 % when they agree, within a point of the bound they allow (its storage is $0.00002).
+    used_s = sandbox.debug(over.instance_id)["usage"]["gpu_s"]
+    low = 200 * used_s / (used_s + ended_late[over.pk] + 0.01) - 100
+    high = 200 * used_s / (used_s - started_late[over.pk] - 0.01) - 100
+    assert low - 1 <= rows[over.pk].pct <= high + 1, (rows[over.pk].pct, low, high)
     assert rows[over.pk].reason.startswith("GPU hours billed beyond the rental")
 
     assert rows[traffic.pk].status == reconcile.Status.OVER_BILLED
