@@ -17,6 +17,14 @@ GOAL_MEMORY_FEWER, GOAL_MEMORY_DEARER = 0.30, 0.03
 LOSER_ALIVE_GOAL_S = 60.0
 
 
+def fewer_incidents(s, base) -> float | None:
+    """The share of BASE's failed attempts and losses per rented hour that summary S avoids
+    (None when BASE had none: nothing to cut)."""
+    if not base.incidents_per_h:
+        return None
+    return 1 - s.incidents_per_h / base.incidents_per_h
+
+
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
@@ -94,7 +102,7 @@ def goals(
     )
     for weather in weathers:
         s, base = results[weather]["team memory"], results[weather]["baseline"]
-        fewer = 1 - s.incidents_per_h / base.incidents_per_h if base.incidents_per_h else 0.0
+        fewer = fewer_incidents(s, base) or 0.0
         dearer = s.dph / base.dph - 1
         ok = fewer >= GOAL_MEMORY_FEWER and dearer <= GOAL_MEMORY_DEARER
         out.append(
@@ -105,7 +113,7 @@ def goals(
         )
         if not ok:
             k = results[weather][knows]
-            known = 1 - k.incidents_per_h / base.incidents_per_h if base.incidents_per_h else 0.0
+            known = fewer_incidents(k, base) or 0.0
             out.append(
                 f"     bound: {known:.1%} fewer at {k.dph / base.dph - 1:+.1%} $/h, knowing every "
                 "machine's hidden traits (sandbox/weather.py: frailty from reliability, hosting "
