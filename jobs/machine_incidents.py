@@ -5,10 +5,10 @@ is charged to the machine (``charge_loss``). The memory's sums, posteriors and b
 ``hosts.selection.machine_memory``'s; docs/renting-and-recovery.md, "A team memory of machines".
 
 What went wrong (``incident_kind``): before its agent registered, a host that never got there
-(``never_registered``, ``start_failed``) was **never ready**, one the provider lost (gone,
-offline, exited, stopped) was **lost while loading**; after, a ``stalled`` job **stalled** and
-any other loss was **lost while running**. An outbid is not the machine's doing: it is counted
-(outbids per rented hour), never charged.
+(``never_registered``, ``start_overdue``, ``start_failed``) was **never ready**, one the
+provider lost (gone, offline, exited, stopped) was **lost while loading**; after, a ``stalled``
+job **stalled** and any other loss was **lost while running**. An outbid is not the machine's
+doing: it is counted (outbids per rented hour), never charged.
 
 An incident is charged only when it was not ours (``excuse``, first that holds):
 - a supervisor outage (``nomadgpu.models.IngestOutage``) overlapping the attempt's silence, from
@@ -41,7 +41,9 @@ from jobs.models import Attempt, Checkpoint, CheckpointState, JobEvent, JobState
 from jobs.rent_decision import RentDecision
 from nomadgpu.models import IngestOutage, ServiceHeartbeat
 
-NEVER_READY_CAUSES = ("never_registered", "start_failed")
+# ``start_overdue``: no agent by the start deadline from bytes and the link
+# (``jobs.watchdog.deadlines.START_OVERDUE``; the watchdog imports this module's callers).
+NEVER_READY_CAUSES = ("never_registered", "start_overdue", "start_failed")
 OUTBID = "outbid"  # lifecycle.OUTBID (lifecycle imports this module)
 SUPERVISOR_ERROR = "supervisor_error"  # jobs.attention.EVENT (attention imports lifecycle)
 PROVIDER = "provider"  # the poll's service heartbeat (jobs.watchdog.poll.poll_providers)

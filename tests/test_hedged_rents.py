@@ -14,6 +14,8 @@ from django.utils import timezone
 
 from billing.cost import job_cost
 from billing.spend import racer_spend
+from hosts.models import MachineRental
+from hosts.selection import machine_memory as mm
 from hosts.vast import VastClient
 from jobs import lifecycle
 from jobs.models import AttemptState, JobEvent, Racer, RacerState, parse_label
@@ -21,9 +23,10 @@ from jobs.rent_decision import RentDecision
 from jobs.renting import race_end, race_start
 from jobs.renting import rent as renting
 from jobs.watchdog import passes
+from jobs.watchdog import start_deadline as sd
 from nomadgpu.humanize import duration, money
 from tests.support.agent_api import call
-from tests.support.factories import JobFactory
+from tests.support.factories import JobFactory, make_attempt
 from tests.support.market import FIELD_REPORT_REQUIREMENTS
 from tests.support.sandbox import DEFAULT_KEY
 
@@ -216,3 +219,72 @@ def test_cancelling_a_job_mid_race_ends_every_racer(vast, tokens, client):
 
     assert set(attempt.racers.values_list("state", flat=True)) == {RacerState.LOST}
     assert call(client, tokens[0], "register", REGISTER).status_code == 410
+
+
+# ---- each racer's own start deadline ---------------------------------------------------------
+
+
+def racer_start_s(attempt, racer, mbps: float, margin: float) -> float:
+    """Seconds from RACER's create to its start deadline: Vast's start, the profile's 5 GB image
+    at MBPS times MARGIN (no machine of a new team holds it), the agent's start."""
+    pull = 5.0 * 1024**3 * 8 / (mbps * 1e6) * margin
+    return sd.VAST_START_S + pull + sd.AGENT_START_S
+
+
+def test_each_racer_is_held_to_its_own_machines_link_and_the_race_to_the_last_of_them(
+    vast, tokens, sandbox, monkeypatch
+):
+    monkeypatch.setattr("jobs.lifecycle.send_task", lambda *a: None)  # the replacement's rent
+    attempt, _ = raced(vast, k=2)
+    first, second = attempt.racers.order_by("position")
+    for racer in (first, second):
+        sandbox.inject(racer.instance_id, "stuck-loading")  # its pull hangs: no agent, ever
+    # The team's agents measured racer 2's machine before: that link, not its offer's, times it.
+    earlier = JobFactory(team=attempt.job.team)
+    make_attempt(earlier, state="ended", machine_id=second.machine_id, link_mbps=900.0)
+    advertised = RentDecision(RentDecision.of(attempt).with_chosen(first.offer_id)).download_mbps
+    expected = {
+        first.pk: first.rented_at
+        + timedelta(seconds=racer_start_s(attempt, first, advertised, sd.ADVERTISED_MARGIN)),
+        second.pk: second.rented_at
+        + timedelta(seconds=racer_start_s(attempt, second, 900.0, sd.MEASURED_MARGIN)),
+    }
+
+    passes.tick(now=timezone.now(), poll_provider=True)  # the first poll sets each deadline
+
+    for racer in (first, second):
+        racer.refresh_from_db()
+        assert racer.start_due_at == pytest.approx(
+            expected[racer.pk], abs=timedelta(milliseconds=1)
+        )
+    assert "Mbit/s advertised" in first.start_due_why
+    assert "at 900 Mbit/s measured" in second.start_due_why
+    sooner, later = sorted((first, second), key=lambda r: r.start_due_at)
+    attempt.refresh_from_db()
+    assert attempt.start_due_at == later.start_due_at  # the race runs out with its last racer
+    assert attempt.start_due_why.startswith(f"the last of 2 racers, racer {later.position}: ")
+
+    # Past the sooner racer's deadline, before the later's: it alone fails, on its own clock.
+    passes.tick(now=sooner.start_due_at + timedelta(seconds=1), poll_provider=True)
+
+    sooner.refresh_from_db()
+    later.refresh_from_db()
+    attempt.refresh_from_db()
+    assert (sooner.state, sooner.end_reason) == (RacerState.FAILED, "start_overdue")
+    assert later.state == RacerState.RACING
+    assert attempt.state == AttemptState.STARTING
+    assert attempt.start_due_why.startswith(f"its one racer left, racer {later.position}: ")
+    attempt.job.refresh_from_db()
+    assert sooner.machine_id in attempt.job.avoid_machine_ids
+    said = JobEvent.objects.get(job_id=attempt.job_id, kind="racer_failed").message
+    assert "failed: start_overdue (not running" in said
+    assert said.endswith("1 still racing")
+    rental = MachineRental.objects.get(racer_id=sooner.pk)
+    assert (rental.incident, rental.excused) == (mm.NEVER_READY, "")
+
+    passes.tick(now=later.start_due_at + timedelta(seconds=1), poll_provider=True)
+
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.ENDED
+    assert attempt.end_reason == "start_overdue"
+    assert attempt.job.attempts.filter(number=2, state="planned").exists()  # the next offers

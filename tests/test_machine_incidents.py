@@ -47,6 +47,10 @@ def test_a_host_that_never_got_ready_is_charged_to_its_machine_and_avoided_by_it
     assert attempt.job.avoid_machine_ids == [MACHINE]
 
 
+def test_a_host_abandoned_at_its_start_deadline_from_bytes_never_got_ready():
+    assert lose(rented(), "start_overdue").incident == mm.NEVER_READY
+
+
 def test_a_host_the_provider_lost_before_its_agent_came_is_lost_while_loading():
     assert lose(rented(), "provider_gone").incident == mm.LOST_LOADING
 

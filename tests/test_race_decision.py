@@ -233,3 +233,21 @@ def test_with_start_deadlines_from_bytes_the_field_reports_job_races_only_in_bad
     contenders, hour_value = field_contenders(failed, decided, deadline_s=None)
 
     assert odds.plan_race(contenders, hour_value_usd=hour_value).k == k
+
+
+@pytest.mark.django_db
+def test_a_plain_rent_abandoned_at_its_start_deadline_counts_as_a_failed_start():
+    from django.utils import timezone
+
+    from jobs.renting.race import start_failures
+    from tests.support.factories import JobFactory, make_attempt
+
+    now = timezone.now()
+    job = JobFactory()
+    for number, reason in enumerate(("start_overdue", "never_registered", "cancelled"), 1):
+        make_attempt(
+            job, number=number, state="ended", end_reason=reason, rented_at=now, registered_at=None
+        )
+    make_attempt(job, number=4, state="running", rented_at=now, registered_at=now)
+
+    assert start_failures(job.team_id, now=now) == (2, 3)  # a cancel says nothing of the host

@@ -81,6 +81,12 @@ class Racer(models.Model):
     provider_status = models.CharField(max_length=20, blank=True)
     provider_status_msg = models.CharField(max_length=500, blank=True)
     provider_unknown_polls = models.PositiveSmallIntegerField(default=0)
+    # Its own start deadline (``jobs.watchdog.start_due.racer_due``): from its machine's link
+    # and whether that machine holds the image, pushed by what Vast shows of its instance, as
+    # a plain rent's host is judged; past it, the racer fails on its own and the others race on.
+    start_due_at = models.DateTimeField(null=True, blank=True)
+    start_due_why = models.CharField(max_length=300, blank=True)
+    start_pull_seen = models.BooleanField(default=False)  # pulling on a machine taken to hold it
 
     created_at = models.DateTimeField(default=timezone.now)
     create_sent_at = models.DateTimeField(null=True, blank=True)

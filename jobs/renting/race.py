@@ -53,6 +53,7 @@ P_FAIL_MAX = 0.95
 START_FAILURE_CAUSES = frozenset(
     {
         "never_registered",
+        "start_overdue",  # jobs.watchdog.deadlines.START_OVERDUE: not up by its deadline
         "provider_gone",
         "provider_offline",
         "provider_exited",

@@ -7,6 +7,11 @@ against Vast's instance list, and the instances of racers out of their race.
   container runtime failed, given up before running: ``instance_status.provider_loss``, the
   rules an attempt's host is judged by) fails the racer: its instance is destroyed and its
   machine blamed (the job avoids it). The others race on.
+- A racing racer with no agent by its own start deadline (``start_due.racer_due``: its machine's
+  link and image, pushed by what Vast shows of its instance, as a plain rent's host) fails the
+  same way (``start_overdue``), checked at each poll; the others race on. The attempt's own
+  start deadline is the latest of its open racers' (``start_due.race_due``): the job page shows
+  it, and the watchdog's deadline pass ends the race by it should the poll be unable to.
 - When every racer has failed, the attempt is lost (its cause the last racer's) and the same
   pass plans the next race on the next offers, with no backoff: a race where all fail goes on.
 - What Vast shows is kept on each racer: its status, and when it was first seen loading and
@@ -30,7 +35,11 @@ from jobs import lifecycle, racers
 from jobs.lifecycle import Loss
 from jobs.models import Attempt, AttemptState, Racer, RacerState
 from jobs.renting import claims, race_end
+from jobs.watchdog import silence, start_due
+from jobs.watchdog.deadlines import START_OVERDUE
 from jobs.watchdog.instance_status import provider_loss
+from jobs.watchdog.outages import gather_evidence
+from jobs.watchdog.start_deadline import Due, overdue_detail
 
 logger = logging.getLogger(__name__)
 
@@ -54,18 +63,29 @@ def follow_race(
     """Each racer of ATTEMPT's open race against the provider's view (module docstring); the
     attempt's loss when every racer has failed."""
     last: Loss | None = None
+    dues: dict[int, Due] = {}
+    evidence: list[silence.Evidence] = []  # read once, only when a racer is overdue
     for racer in attempt.racers.open().order_by("position"):
         if racer.state == RacerState.REQUESTED:
             found = by_label.get(racer.label)
             race_end.adopt_racer(racer, found.id if found else None, now=now)
             continue
         instance = by_id.get(racer.instance_id)
+        status = (instance.actual_status or "") if instance else "gone"
+        msg = ((instance.status_msg or "") if instance else "")[:500]
+        due = start_due.note_racer_news(attempt, racer, status, msg, now=now)
         note_racer_status(racer, instance, now=now)
         loss = provider_loss(racer, instance)
+        if loss is None and due is not None and due.at <= now:
+            evidence = evidence or [gather_evidence()]
+            loss = overdue_loss(attempt, racer, due, status=status, evidence=evidence[0], now=now)
         if loss is not None:
             fail_racer(attempt, racer, loss, now=now)
             last = loss
+        elif due is not None:
+            dues[racer.position] = due
     if attempt.racers.open().exists():
+        start_due.race_due(attempt, dues)
         return None
     if not Attempt.objects.filter(
         pk=attempt.pk, state=AttemptState.STARTING, instance_id=None
@@ -75,6 +95,34 @@ def follow_race(
     said = "; ".join(f"{r.instance_id} {r.end_reason}" for r in failed) or "none made"
     cause = last.cause if last else (failed[-1].end_reason if failed else "never_registered")
     return Loss(attempt.pk, cause, f"every racer failed to start: {said}"[:300])
+
+
+def overdue_loss(
+    attempt: Attempt,
+    racer: Racer,
+    due: Due,
+    *,
+    status: str,
+    evidence: silence.Evidence,
+    now: datetime,
+) -> Loss | None:
+    """RACER past its own start deadline DUE with no agent (its instance STATUS as the poll
+    read it): a start that failed on its own (``start_overdue``, or ``never_registered`` when the
+    job's start timeout set the deadline), unless an outage of the agent API since its create
+    kept its agent from registering (``silence.start_verdict``, as a plain rent's host)."""
+    verdict = silence.start_verdict(
+        rented_at=racer.rented_at,
+        start_timeout_s=(due.at - racer.rented_at).total_seconds(),
+        evidence=evidence,
+        now=now,
+    )
+    if verdict.kind != silence.LOST:
+        return None
+    if due.capped:
+        why = f"no agent within the job's {attempt.job.start_timeout_s} s start timeout"
+        return Loss(attempt.pk, "never_registered", why)
+    detail = overdue_detail(due, rented_at=racer.rented_at, provider_status=status, now=now)
+    return Loss(attempt.pk, START_OVERDUE, detail)
 
 
 def fail_racer(attempt: Attempt, racer: Racer, loss: Loss, *, now: datetime) -> None:

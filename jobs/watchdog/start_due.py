@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 
-from jobs.models import Attempt
+from jobs.models import Attempt, Racer
 from jobs.rent_decision import RentDecision
 from jobs.spec import ProfileSpec
 from jobs.watchdog import phase_stall as ps
@@ -33,13 +33,14 @@ def allowances() -> sd.Allowances:
     )
 
 
-def machine_link_mbps(attempt: Attempt) -> float | None:
-    """The download link the team's agents measured on ATTEMPT's machine (the median of its
-    newest ``MACHINE_LINKS``), None where none did."""
-    if attempt.machine_id is None:
+def machine_link_mbps(attempt: Attempt, machine_id: int | None = None) -> float | None:
+    """The download link the team's agents measured on ATTEMPT's machine (or MACHINE_ID: a
+    racer's), the median of its newest ``MACHINE_LINKS``; None where none did."""
+    machine_id = attempt.machine_id if machine_id is None else machine_id
+    if machine_id is None:
         return None
     found = list(
-        Attempt.objects.filter(job__team_id=attempt.job.team_id, machine_id=attempt.machine_id)
+        Attempt.objects.filter(job__team_id=attempt.job.team_id, machine_id=machine_id)
         .exclude(pk=attempt.pk)
         .exclude(link_mbps=None)
         .order_by("-rented_at")
@@ -76,6 +77,80 @@ def plan_for(attempt: Attempt) -> sd.StartPlan | None:
     )
 
 
+def racer_plan(attempt: Attempt, racer: Racer) -> sd.StartPlan | None:
+    """What a hedged rent's RACER's start is judged on, as a plain rent of its offer would be:
+    its machine's link (measured by the team, else its offer's advertised), whether its
+    machine was taken to hold the image (its candidate's ``image_cached_chance``), from its own
+    create. None before its create is accepted."""
+    if racer.rented_at is None:
+        return None
+    decision = RentDecision(RentDecision.of(attempt).with_chosen(racer.offer_id))
+    return sd.StartPlan(
+        rented_at=racer.rented_at,
+        image_gb=image_gb_of(attempt),
+        image_held=decision.image_cached_chance >= sd.CACHED_AT,
+        link=sd.link_for(machine_link_mbps(attempt, racer.machine_id), decision.download_mbps),
+        start_timeout_s=float(attempt.job.start_timeout_s),
+        allowances=allowances(),
+    )
+
+
+def racer_due(attempt: Attempt, racer: Racer) -> sd.Due | None:
+    """RACER's start deadline: the stored one, or, at the first poll that sees its instance,
+    the one its plan gives (stored). None before its create is accepted."""
+    if racer.start_due_at is not None and racer.rented_at is not None:
+        cap = racer.rented_at + timedelta(seconds=attempt.job.start_timeout_s)
+        return sd.Due(racer.start_due_at, racer.start_due_why, racer.start_due_at >= cap)
+    plan = racer_plan(attempt, racer)
+    if plan is None:
+        return None
+    due = sd.start_due(plan)
+    _store_racer(racer, due)
+    return due
+
+
+def note_racer_news(
+    attempt: Attempt, racer: Racer, status: str, msg: str, *, now: datetime
+) -> sd.Due | None:
+    """What the poll saw of RACER's instance (STATUS, MSG, against what the racer holds from the
+    poll before) pushes its start deadline later, as ``note_provider_news`` pushes a plain
+    rent's; its deadline after the news (None before its create is accepted)."""
+    due = racer_due(attempt, racer)
+    if due is None or (status == racer.provider_status and msg == racer.provider_status_msg):
+        return due
+    plan = racer_plan(attempt, racer)
+    news = sd.ProviderNews(
+        racer.provider_status, racer.provider_status_msg, status, msg, racer.start_pull_seen
+    )
+    pushed = sd.pushed_start_due(plan, due, news, now=now)
+    seen = sd.pull_seen_on_held_image(plan, news)
+    if pushed is not None or seen != racer.start_pull_seen:
+        _store_racer(racer, pushed or due, pull_seen=seen)
+    return pushed or due
+
+
+def _store_racer(racer: Racer, due: sd.Due, *, pull_seen: bool | None = None) -> None:
+    fields: dict = {"start_due_at": due.at, "start_due_why": due.why[:300]}
+    if pull_seen is not None:
+        fields["start_pull_seen"] = pull_seen
+    Racer.objects.filter(pk=racer.pk).update(**fields)
+    for name, value in fields.items():
+        setattr(racer, name, value)
+
+
+def race_due(attempt: Attempt, dues: dict[int, sd.Due]) -> None:
+    """ATTEMPT's start deadline while it races: the latest of its open racers' DUES (by
+    position), with which racer sets it, so that the job page shows when the race runs out and
+    the watchdog's deadline pass still ends it if the provider poll, which judges each racer,
+    cannot. Stored and the watchdog's next look moved to it; nothing when no racer has one."""
+    if not dues:
+        return
+    position, last = max(dues.items(), key=lambda item: item[1].at)
+    racers = f"the last of {len(dues)} racers" if len(dues) > 1 else "its one racer left"
+    why = f"{racers}, racer {position}: {last.why}"
+    _store(attempt, sd.Due(last.at, why, last.capped))
+
+
 def stored_due(attempt: Attempt) -> sd.Due | None:
     """ATTEMPT's start deadline as stored (capped when the user's start timeout set it)."""
     if attempt.start_due_at is None or attempt.rented_at is None:
@@ -93,6 +168,12 @@ def ensure_start_due(
     due = stored_due(attempt)
     if due is not None or attempt.rented_at is None:
         return due
+    if attempt.raced and attempt.instance_id is None:  # racing: its racers' deadlines
+        racing = attempt.racers.open().order_by("position")
+        dues = {r.position: d for r in racing if (d := racer_due(attempt, r)) is not None}
+        if dues:
+            race_due(attempt, dues)
+            return stored_due(attempt)
     plan = plan or plan_for(attempt)
     if plan is None:
         return None
