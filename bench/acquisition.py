@@ -106,6 +106,13 @@ def parse_args() -> argparse.Namespace:
         default="field",
         help="the field report's QLoRA (default) or noema's start (33 GB after 3 min of setup)",
     )
+    parser.add_argument(
+        "--job-gap-h",
+        type=float,
+        default=JOB_GAP.total_seconds() / 3600,
+        help="hours between the team's jobs (4): the team's volume, which decides how much its "
+        "memory of machines knows",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args()
     if args.jobs is None:
@@ -214,10 +221,17 @@ def load_market(job) -> Market:
 
 
 def run_job(
-    market: Market, team: Team, j: int, weather: str, seed: int, flags, knows: bool = False
+    market: Market,
+    team: Team,
+    j: int,
+    weather: str,
+    seed: int,
+    flags,
+    knows: bool = False,
+    gap: timedelta = JOB_GAP,
 ) -> JobRun:
-    """Job J: rent until a host gets to its first step (module docstring). KNOWS: rent as the
-    memory's bound does (``knowing``)."""
+    """Job J: rent until a host gets to its first step (module docstring), J x GAP after the
+    first job. KNOWS: rent as the memory's bound does (``knowing``)."""
     from dataclasses import replace
 
     from bench.support import acquisition_sim as sim
@@ -228,7 +242,7 @@ def run_job(
     from sandbox.weather import machine_traits, rental_fate
 
     bytes_deadline, hedged, remembered = flags
-    start = sim.EPOCH + j * JOB_GAP
+    start = sim.EPOCH + j * gap
     run, avoid, t, n, backoff = JobRun(), set(), 0.0, 0, 0.0
     while True:
         now = start + timedelta(seconds=t)
@@ -440,14 +454,17 @@ def summarise(runs: list[JobRun]) -> Summary:
     )
 
 
-def run_weather(market, weather, seed, jobs) -> dict[str, list[JobRun]]:
-    """Every configuration's JOBS in WEATHER on SEED's draws, and the memory's bound."""
+def run_weather(market, weather, seed, jobs, gap: timedelta = JOB_GAP) -> dict[str, list[JobRun]]:
+    """Every configuration's JOBS in WEATHER on SEED's draws, one every GAP, and the memory's
+    bound."""
     runs = {}
     plays = {name: (flags, False) for name, flags in CONFIGS.items()}
     plays[KNOWS_MACHINES] = (CONFIGS["baseline"], True)
     for name, (flags, knows) in plays.items():
         team = Team()
-        runs[name] = [run_job(market, team, j, weather, seed, flags, knows) for j in range(jobs)]
+        runs[name] = [
+            run_job(market, team, j, weather, seed, flags, knows, gap) for j in range(jobs)
+        ]
     return runs
 
 
@@ -491,7 +508,10 @@ def main() -> int:
         from bench.support.acquisition_sim import SHAPES
 
         market = load_market(SHAPES[args.job])
-        runs = {(s, w): run_weather(market, w, s, args.jobs) for s in args.seeds for w in WEATHERS}
+        gap = timedelta(hours=args.job_gap_h)
+        runs = {
+            (s, w): run_weather(market, w, s, args.jobs, gap) for s in args.seeds for w in WEATHERS
+        }
         results, bounds = {}, {}
         for w in WEATHERS:
             pooled = {
@@ -541,9 +561,9 @@ def report(results, bounds, claims, args, per_seed: list[str]) -> None:
     seeds = ",".join(map(str, args.seeds))
     print(
         f"acquisition bench: {args.jobs} jobs per configuration, weather and seed ({job}), "
-        f"seeds {seeds} pooled; production seconds from the job's first create; waste = failed "
-        "attempts and race losers' bill / the job's cost; inc/h = failed attempts + losses while "
-        "running per rented hour"
+        f"seeds {seeds} pooled, a job every {args.job_gap_h:g} h; production seconds from the "
+        "job's first create; waste = failed attempts and race losers' bill / the job's cost; "
+        "inc/h = failed attempts + losses while running per rented hour"
     )
     for weather in WEATHERS:
         print(f"weather {weather}:")
@@ -570,7 +590,11 @@ def report(results, bounds, claims, args, per_seed: list[str]) -> None:
 
     remembered = [name for name, flags in CONFIGS.items() if flags[2]]
     jobs = args.jobs * len(args.seeds)
-    print("\n".join(goals(results, bounds, claims, jobs, remembered, job, KNOWS_MACHINES)))
+    print(
+        "\n".join(
+            goals(results, bounds, claims, jobs, remembered, job, KNOWS_MACHINES, args.job_gap_h)
+        )
+    )
 
 
 if __name__ == "__main__":

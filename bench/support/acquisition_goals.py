@@ -30,11 +30,18 @@ def verdict(ok: bool) -> str:
 
 
 def goals(
-    results: dict, bounds: dict, claims, jobs: int, remembered: list[str], job: str, knows: str
+    results: dict,
+    bounds: dict,
+    claims,
+    jobs: int,
+    remembered: list[str],
+    job: str,
+    knows: str,
+    gap_h: float = 4.0,
 ) -> list[str]:
     """Each goal of issue 39 item 6 against the same run's baseline: PASS or FAIL, and where a
     goal fails, the bound and the assumption that blocks it. KNOWS: the name of the memory's
-    bound among RESULTS' rows."""
+    bound among RESULTS' rows; GAP_H: hours between the team's jobs."""
     out = []
     weathers = tuple(results)
     bad, typical = results["bad"], results["typical"]
@@ -118,7 +125,7 @@ def goals(
                 f"     bound: {known:.1%} fewer at {k.dph / base.dph - 1:+.1%} $/h, knowing every "
                 "machine's hidden traits (sandbox/weather.py: frailty from reliability, hosting "
                 "type and a hidden factor that is a guess, no public figure). "
-                + memory_blocker(fewer, known)
+                + memory_blocker(fewer, known, gap_h)
             )
     aside = sum(results[w][c].set_aside_rented for w in weathers for c in remembered)
     out.append(
@@ -129,8 +136,9 @@ def goals(
     return out
 
 
-def memory_blocker(fewer: float, known: float) -> str:
-    """What keeps the team memory from its goal, given what it did (FEWER) and its bound."""
+def memory_blocker(fewer: float, known: float, gap_h: float = 4.0) -> str:
+    """What keeps the team memory from its goal, given what it did (FEWER), its bound and the
+    team's volume (a job every GAP_H hours)."""
     above = (
         "The goal is above the bound: most failures in this weather fall on machines no worse "
         "than the rest, which no record can avoid. "
@@ -139,9 +147,9 @@ def memory_blocker(fewer: float, known: float) -> str:
     )
     return above + (
         f"The memory is {known - fewer:.0%} short of the bound: a team renting one job every "
-        "4 h sees each machine a few times per 14-day half-life, too few rentals to tell a "
-        "machine that fails 1 start in 10 from one that fails 1 in 5 (the assumption: this "
-        "team's volume, JOB_GAP, not a public figure)"
+        f"{gap_h:g} h sees each machine a few times per 14-day half-life, too few rentals to "
+        "tell a machine that fails 1 start in 10 from one that fails 1 in 5 (the assumption: "
+        "this team's volume, --job-gap-h, not a public figure)"
     )
 
 
