@@ -87,6 +87,10 @@ CONFIGS = {
 # The team memory's bound: a memory that knew every machine's hidden traits, allowed the goal's
 # +3 % $/h (``knowing``), with no other measure.
 KNOWS_MACHINES = "memory bound (knows)"
+# The memory's evidence bound (``bench/support/memory_bound.py``): the team's own rentals of
+# each machine, read with the weather's true model (an exact posterior), the same +3 % $/h.
+KNOWS_EVIDENCE = "memory bound (evidence)"
+EVIDENCE = "evidence"
 
 
 def parse_args() -> argparse.Namespace:
@@ -227,14 +231,16 @@ def run_job(
     weather: str,
     seed: int,
     flags,
-    knows: bool = False,
+    knows: bool | str = False,
     gap: timedelta = JOB_GAP,
 ) -> JobRun:
     """Job J: rent until a host gets to its first step (module docstring), J x GAP after the
-    first job. KNOWS: rent as the memory's bound does (``knowing``)."""
+    first job. KNOWS: rent as the memory's bound does (``knowing``), or with ``EVIDENCE`` as its
+    evidence bound (``memory_bound.knowing_evidence``)."""
     from dataclasses import replace
 
     from bench.support import acquisition_sim as sim
+    from bench.support.memory_bound import knowing_evidence
     from hosts.selection import NO_MEMORY, RENT_S, choose_offer
     from hosts.selection import race as odds
     from hosts.selection.machine_memory import ban_reason
@@ -261,7 +267,9 @@ def run_job(
             run.no_offer += 1
             avoid.clear()
             continue
-        if knows:
+        if knows == EVIDENCE:
+            decision = knowing_evidence(decision, market, weather, seed, team.rentals)
+        elif knows:
             decision = knowing(decision, market, weather, seed)
         offers = [decision.chosen.offer]
         if hedged:
@@ -460,6 +468,7 @@ def run_weather(market, weather, seed, jobs, gap: timedelta = JOB_GAP) -> dict[s
     runs = {}
     plays = {name: (flags, False) for name, flags in CONFIGS.items()}
     plays[KNOWS_MACHINES] = (CONFIGS["baseline"], True)
+    plays[KNOWS_EVIDENCE] = (CONFIGS["baseline"], EVIDENCE)
     for name, (flags, knows) in plays.items():
         team = Team()
         runs[name] = [
@@ -469,7 +478,7 @@ def run_weather(market, weather, seed, jobs, gap: timedelta = JOB_GAP) -> dict[s
 
 
 HEAD = (
-    f"{'configuration':<22} {'p50 s':>7} {'p90 s':>7} {'p90/p50':>7} {'E[wait] s':>9} "
+    f"{'configuration':<24} {'p50 s':>7} {'p90 s':>7} {'p90/p50':>7} {'E[wait] s':>9} "
     f"{'waste':>6} {'fails/job':>9} {'double':>6} {'$/h':>6} {'inc/h':>6} {'races/job':>9} "
     f"{'1st ok':>6}"
 )
@@ -477,7 +486,7 @@ HEAD = (
 
 def row(name: str, s: Summary) -> str:
     return (
-        f"{name:<22} {s.p50:7.0f} {s.p90:7.0f} {s.spread:7.2f} {s.mean:9.0f} "
+        f"{name:<24} {s.p50:7.0f} {s.p90:7.0f} {s.spread:7.2f} {s.mean:9.0f} "
         f"{s.waste_share:6.1%} {s.failed_per_job:9.2f} {s.double:6d} {s.dph:6.3f} "
         f"{s.incidents_per_h:6.2f} {s.raced:9.2f} {s.first_ok:6.0%}"
     )
@@ -487,7 +496,7 @@ def bound_row(b: Bound) -> str:
     p50, p90 = percentile(b.waits, 50), percentile(b.waits, 90)
     mean = statistics.mean(b.waits)
     return (
-        f"{'bound (knows failures)':<22} {p50:7.0f} {p90:7.0f} {p90 / p50:7.2f} {mean:9.0f} "
+        f"{'bound (knows failures)':<24} {p50:7.0f} {p90:7.0f} {p90 / p50:7.2f} {mean:9.0f} "
         f"{0:6.1%} {0:9.2f} {0:6d}"
     )
 
@@ -592,7 +601,17 @@ def report(results, bounds, claims, args, per_seed: list[str]) -> None:
     jobs = args.jobs * len(args.seeds)
     print(
         "\n".join(
-            goals(results, bounds, claims, jobs, remembered, job, KNOWS_MACHINES, args.job_gap_h)
+            goals(
+                results,
+                bounds,
+                claims,
+                jobs,
+                remembered,
+                job,
+                KNOWS_MACHINES,
+                args.job_gap_h,
+                KNOWS_EVIDENCE,
+            )
         )
     )
 

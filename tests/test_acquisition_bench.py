@@ -30,9 +30,14 @@ def test_the_quick_run_prints_every_configuration_the_bound_and_a_verdict_per_go
     weathers = re.split(r"^weather (\w+):$", out, flags=re.M)
     assert weathers[1::2] == ["typical", "bad"]
     for table in weathers[2::2]:
-        names = [re.split(r"\s{2,}", line.strip())[0] for line in table.splitlines()[2:9]]
-        assert names == [*CONFIGS, "memory bound (knows)", "bound (knows failures)"]
-        for line in table.splitlines()[2:8]:  # p50, p90, p90/p50, E[wait], waste, fails/job...
+        names = [re.split(r"\s{2,}", line.strip())[0] for line in table.splitlines()[2:10]]
+        assert names == [
+            *CONFIGS,
+            "memory bound (knows)",
+            "memory bound (evidence)",
+            "bound (knows failures)",
+        ]
+        for line in table.splitlines()[2:9]:  # p50, p90, p90/p50, E[wait], waste, fails/job...
             assert len(re.findall(r"-?\d+(?:\.\d+)?%?", line.split("  ", 1)[1])) == 11
     assert re.findall(r"^  seed (\d+): typical memory ", out, flags=re.M) == ["11"]
     verdicts = re.findall(r"^(PASS|FAIL) (.*)$", out, flags=re.M)

@@ -38,10 +38,12 @@ def goals(
     job: str,
     knows: str,
     gap_h: float = 4.0,
+    evidence: str = "",
 ) -> list[str]:
     """Each goal of issue 39 item 6 against the same run's baseline: PASS or FAIL, and where a
     goal fails, the bound and the assumption that blocks it. KNOWS: the name of the memory's
-    bound among RESULTS' rows; GAP_H: hours between the team's jobs."""
+    bound among RESULTS' rows, EVIDENCE its evidence bound's; GAP_H: hours between the team's
+    jobs."""
     out = []
     weathers = tuple(results)
     bad, typical = results["bad"], results["typical"]
@@ -126,6 +128,15 @@ def goals(
                 "machine's hidden traits (sandbox/weather.py: frailty from reliability, hosting "
                 "type and a hidden factor that is a guess, no public figure). "
                 + memory_blocker(fewer, known, gap_h)
+            )
+        if evidence:
+            e = results[weather][evidence]
+            seen = fewer_incidents(e, base) or 0.0
+            out.append(
+                f"     evidence bound: {seen:.1%} fewer at {e.dph / base.dph - 1:+.1%} $/h, the "
+                "best any memory could do with the team's own rentals, reading them with the "
+                "weather's true model of machines (bench/support/memory_bound.py); the product's "
+                f"memory {fewer - seen:+.1%} against it"
             )
     aside = sum(results[w][c].set_aside_rented for w in weathers for c in remembered)
     out.append(
