@@ -235,3 +235,49 @@ def test_a_failed_start_is_priced_with_the_start_deadline_s_own_allowances():
 
     assert PROVISION_S == defaults.START_PROVISION_S
     assert AGENT_START_S == defaults.START_BOOTSTRAP_S
+
+
+# ---- the safer pick: within 3 % $/h, the machine least likely to fail the job ------------------
+
+
+# A 20-hour run of the job's shape: a cent an hour outweighs what a failed start is priced at.
+LONG = replace(JOB, steps_total=18_000)
+
+
+def close_market(runner_up_dph: float):
+    """MACHINE the cheapest at $0.300/h, machine 2 alike at RUNNER_UP_DPH."""
+    return [offer(id=1, dph_base=0.30), make_offer(id=2, machine_id=2, dph_base=runner_up_dph)]
+
+
+def pick(market_, mem):
+    return selection.choose_offer(market_, REQ, LONG, REFERENCE, memory=mem)
+
+
+def test_a_runner_up_within_three_percent_the_memory_rates_safer_is_rented_and_says_why():
+    once = memory(ended(1, incident=mm.NEVER_READY))  # one failure: priced, not banned
+    cheapest = selection.rank_offers(close_market(0.306), REQ, LONG, REFERENCE, memory=once)[0]
+    assert cheapest.offer.machine_id == MACHINE  # the expected total alone keeps it first
+
+    picked = pick(close_market(0.306), once)
+
+    assert picked.chosen.offer.machine_id == 2
+    assert [c.offer.machine_id for c in picked.candidates] == [2, MACHINE]  # the race's order
+    risky, safe = (selection.failure_chance(c) for c in (cheapest, picked.chosen))
+    assert safe < risky
+    assert picked.as_dict()["safer_pick"] == (
+        f"machine 2: the team's memory rates it less likely to fail the job ({safe:.0%} against "
+        f"{risky:.0%} for machine {MACHINE}, the cheapest expected total) at +2.0% $/h "
+        "(within 3%)"
+    )
+
+
+def test_the_safer_pick_never_pays_more_than_three_percent_or_moves_without_evidence():
+    once = memory(ended(1, incident=mm.NEVER_READY))
+    dearer = pick(close_market(0.312), once)
+    assert dearer.chosen.offer.machine_id == MACHINE  # 4 % dearer: the expected total decides
+    assert dearer.safer == ""
+    # No rental of either machine: a higher reliability alone moves nothing.
+    market_ = [offer(id=1, dph_base=0.30, reliability=0.98), *close_market(0.301)[1:]]
+    fresh = pick(market_, mm.MachineMemory({}))
+    assert fresh.chosen.offer.machine_id == MACHINE
+    assert fresh.safer == ""

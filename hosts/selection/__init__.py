@@ -78,7 +78,14 @@ from hosts.selection.preemption import (
     prior_rate,
 )
 from hosts.selection.profile import JobProfile
-from hosts.selection.ranking import DEFAULT_TOP_N, RULE_MEMORY, choose_offer, rank_offers
+from hosts.selection.ranking import (
+    DEFAULT_TOP_N,
+    RULE_MEMORY,
+    SAFER_WITHIN,
+    choose_offer,
+    failure_chance,
+    rank_offers,
+)
 from hosts.selection.rental_costs import (
     DETECTION_S,
     RENT_S,
@@ -117,6 +124,7 @@ __all__ = [
     "RAISE_STEP_USD",
     "RENT_S",
     "RULE_MEMORY",
+    "SAFER_WITHIN",
     "SEARCH_LIMIT",
     "SECONDS_PER_HOUR",
     "SPEED_DLPERF",
@@ -149,6 +157,7 @@ __all__ = [
     "expected_cost",
     "failed_start",
     "failed_start_seconds",
+    "failure_chance",
     "filter_offers",
     "job_dph_total",
     "loss_rate_per_h",

@@ -103,6 +103,8 @@ class Decision:
     alternatives: tuple[dict[str, Any], ...] = ()  # the chosen offer's other ways to rent
     # Offers whose machine the team's memory set aside (2 incidents in 7 days), and why.
     set_aside: tuple[Rejection, ...] = ()
+    # Why the memory rented a safer runner-up than the cheapest (``ranking.safer_pick``), or "".
+    safer: str = ""
 
     @property
     def chosen_offer_id(self) -> int:
@@ -135,4 +137,5 @@ class Decision:
             "set_aside_by_memory": [
                 {"machine_id": r.machine_id, "detail": r.detail} for r in self.set_aside
             ],
+            "safer_pick": self.safer,
         }

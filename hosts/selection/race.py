@@ -174,7 +174,7 @@ def start_failure_prior(reliability: float | None) -> float:
 def time_to_ready_s(pull_s: float) -> float:
     """Seconds from create to the agent's register: Vast's start, the image pull (PULL_S: 0 on
     a machine that holds the image) and the bootstrap. A plain estimate: the start deadlines
-    from bytes (``jobs.watchdog.start_deadline``, when merged) bound the same phases."""
+    from bytes (``jobs.watchdog.start_deadline``) bound the same phases, with margins."""
     return PROVISION_S + max(pull_s, 0.0) + REGISTER_S
 
 
