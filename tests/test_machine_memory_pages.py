@@ -6,6 +6,7 @@ was set aside; the Machine admin lists each machine's memory and its rentals."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -84,6 +85,30 @@ def test_the_job_page_says_which_machine_the_memory_set_aside_and_why(client, ca
     line = re.search(r'id="set-aside-by-memory">(.*?)</p>', html, re.S).group(1)
     assert "machine 48211: 2 incidents in 7 days (never ready, lost while loading)" in line
     assert "machine_memory 1" in html
+
+
+def test_the_job_page_says_when_the_memory_rented_a_safer_runner_up(client, cast):
+    now = timezone.now()
+    failed = mm.RentalRecord(now, now - timedelta(days=1), False, incident=mm.NEVER_READY)
+    memory = mm.MachineMemory({48211: mm.remember(48211, [failed], now)})
+    offers = [
+        make_offer(id=1, machine_id=48211, dph_base=0.300),
+        make_offer(id=2, machine_id=2, dph_base=0.306),
+    ]
+    req = Requirements(rental=ON_DEMAND, gpu_names=("RTX 4090",))
+    long_run = replace(FIELD_REPORT_JOB, steps_total=18_000)  # a cent an hour outweighs a start
+    decision = selection.choose_offer(offers, req, long_run, REFERENCE, memory=memory)
+    assert decision.chosen.offer.machine_id == 2
+    job = JobFactory(team=cast.team_a, total_steps=18_000)
+    make_attempt(job, state="running", gpu_name="RTX 4090", decision=decision.as_dict())
+    client.force_login(cast.member)
+
+    html = client.get(reverse("job-detail", args=[job.id])).content.decode()
+
+    said = re.search(r'id="safer-pick">(.*?)</span>', html, re.S).group(1)
+    assert said == decision.safer.replace("'", "&#x27;")
+    assert said.startswith("machine 2: the team")
+    assert "the lowest expected total cost among" not in html
 
 
 def test_the_machine_admin_lists_each_machines_memory_and_its_rentals(client):

@@ -158,6 +158,7 @@ class OffersPreview:
     rows: list[OfferRow] = field(default_factory=list)
     offers_seen: int = 0
     error: str = ""
+    safer: str = ""  # why the first row is a safer runner-up (``selection.ranking.safer_pick``)
 
     @property
     def chosen(self) -> OfferRow | None:
@@ -196,4 +197,6 @@ def preview_offers(spec: JobSpec, *, team, client: VastClient | None = None) -> 
             offers_seen=len(offers), error="No offer on the market matches these requirements now."
         )
     data = decision.as_dict()
-    return OffersPreview(rows=offer_rows(data), offers_seen=data["offers_seen"])
+    return OffersPreview(
+        rows=offer_rows(data), offers_seen=data["offers_seen"], safer=data["safer_pick"]
+    )
