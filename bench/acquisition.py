@@ -275,7 +275,9 @@ def run_job(
         if hedged:
             failed, decided = team.start_counts(now)
             spec = SimpleNamespace(start_timeout_s=int(sim.FLAT_TIMEOUT_S))  # the job's default
-            entries = entries_for(spec, decision, failed=failed, decided=decided)
+            entries = entries_for(
+                spec, decision, failed=failed, decided=decided, bytes_deadline=bytes_deadline
+            )
             plan = odds.plan_race(
                 [e.contender for e in entries],
                 hour_value_usd=decision.chosen.rental.gpu_usd_per_hour,

@@ -251,3 +251,19 @@ def test_a_plain_rent_abandoned_at_its_start_deadline_counts_as_a_failed_start()
     make_attempt(job, number=4, state="running", rented_at=now, registered_at=now)
 
     assert start_failures(job.team_id, now=now) == (2, 3)  # a cancel says nothing of the host
+
+
+def test_the_race_plan_knows_a_failed_start_at_the_watchdogs_own_start_deadline():
+    from datetime import UTC, datetime
+
+    from jobs.watchdog import start_deadline as sd
+
+    rented = datetime(2026, 12, 6, tzinfo=UTC)
+    for held in (False, True):
+        plan = sd.StartPlan(rented, 3.6, held, sd.link_for(None, 700.0), 1200.0)
+        watchdog_s = (sd.start_due(plan).at - rented).total_seconds()
+        assert odds.start_deadline_s(3.6, 700.0, image_held=held, cap_s=1200.0) == pytest.approx(
+            watchdog_s
+        )
+    assert odds.ADVERTISED_MARGIN == sd.ADVERTISED_MARGIN
+    assert odds.start_deadline_s(30.0, 100.0, image_held=False, cap_s=1200.0) == 1200.0  # capped

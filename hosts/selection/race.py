@@ -40,6 +40,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from hosts.selection.costs import transfer_hours
+from hosts.selection.failed_start import AGENT_START_S
+from hosts.selection.failed_start import PROVISION_S as VAST_START_S
+
 # ---- how many ---------------------------------------------------------------------------------
 RACE_AUTO_MAX = 3  # `race = "auto"` weighs k up to this
 RACE_LIMIT = 4  # `race = N` takes N up to this (JobSpec)
@@ -176,6 +180,20 @@ def time_to_ready_s(pull_s: float) -> float:
     a machine that holds the image) and the bootstrap. A plain estimate: the start deadlines
     from bytes (``jobs.watchdog.start_deadline``) bound the same phases, with margins."""
     return PROVISION_S + max(pull_s, 0.0) + REGISTER_S
+
+
+# The watchdog's margin on an advertised link (``jobs.watchdog.start_deadline``: a host's pulls
+# run well under what it advertises; tests/test_race_decision.py holds the two equal).
+ADVERTISED_MARGIN = 3.0
+
+
+def start_deadline_s(image_gb: float, mbps: float, *, image_held: bool, cap_s: float) -> float:
+    """Seconds from create to the start deadline the watchdog holds a host that never gets going
+    to (``jobs.watchdog.start_deadline.start_due`` on the offer's advertised link: Vast's start,
+    the image pull at the link times its margin unless the machine holds the image, the agent's
+    start), never past the job's start timeout CAP_S."""
+    pull_s = 0.0 if image_held else transfer_hours(image_gb, mbps) * 3600 * ADVERTISED_MARGIN
+    return min(VAST_START_S + pull_s + AGENT_START_S, cap_s)
 
 
 def failure_known_s(ready_s: float, deadline_s: float) -> float:

@@ -105,10 +105,18 @@ class Entry:
 
 
 def entries_for(
-    job: Job, decision: selection.Decision, *, failed: int, decided: int
+    job: Job,
+    decision: selection.Decision,
+    *,
+    failed: int,
+    decided: int,
+    bytes_deadline: bool = True,
 ) -> list[Entry]:
     """DECISION's candidates a race may take, one per machine, in rank order, each with what
-    ``plan_race`` weighs (``selection.race.Contender``)."""
+    ``plan_race`` weighs (``selection.race.Contender``). A failed start is known at the start
+    deadline the watchdog would hold its host to (``selection.race.start_deadline_s``: its
+    image at its advertised link, capped by the job's ``start_timeout_s``), or, without
+    BYTES_DEADLINE (a bench's baseline), at that timeout."""
     req, profile = decision.requirements, decision.profile
     seen: set[int] = set()
     found = []
@@ -120,12 +128,20 @@ def entries_for(
             seen.add(offer.machine_id)
         ready = odds.time_to_ready_s(ranked.cost.image_pull_h * 3600)
         pulled_gb = profile.image_gb * (1.0 - ranked.cost.image_cached_chance)
+        deadline_s = float(job.start_timeout_s)
+        if bytes_deadline and offer.inet_down_mbps:
+            deadline_s = odds.start_deadline_s(
+                profile.image_gb,
+                offer.inet_down_mbps,
+                image_held=ranked.cost.image_cached_chance >= 0.5,  # start_deadline.CACHED_AT
+                cap_s=deadline_s,
+            )
         contender = odds.Contender(
             offer_id=offer.id,
             machine_id=offer.machine_id,
             p_fail=start_failure_chance(offer.reliability, failed=failed, decided=decided),
             ready_s=ready,
-            fail_s=odds.failure_known_s(ready, deadline_s=float(job.start_timeout_s)),
+            fail_s=odds.failure_known_s(ready, deadline_s=deadline_s),
             usd_per_h=(offer.storage_usd_per_gb_hour or 0.0) * req.disk_gb,
             pull_usd=pulled_gb * (offer.download_usd_per_gb or 0.0),
             total_usd=ranked.expected_total_usd,
