@@ -95,10 +95,22 @@ def celery_command(*args: str) -> list[str]:
 
 @pytest.fixture
 def celery_worker_thread(transactional_db):
-    """A real Celery worker (in-process thread, solo pool) consuming the configured broker."""
+    """A real Celery worker (in-process thread, solo pool) consuming the configured broker.
+
+    Messages an earlier test left on the broker are purged first: a task another test enqueued
+    (a destroy sent after a commit, say, to a sandbox long gone) would otherwise keep this
+    worker retrying past its shutdown timeout. At the end it is told to stop and woken by two
+    messages that expire on arrival, so it stops at once instead of after its next drains
+    (``tests.support.supervisor`` does the same for the end-to-end runs)."""
     from celery.contrib.testing.worker import start_worker
+    from celery.worker import state
 
     from nomadgpu.celery import app
+    from nomadgpu.tasks import record_ping
 
+    app.control.purge()
     with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10) as worker:
         yield worker
+        state.should_terminate = 0
+        for _ in range(2):
+            record_ping.apply_async(args=["wake-up"], expires=0.001)
