@@ -753,7 +753,7 @@ def restated_goal(run: Run) -> list[str]:
         f" a standby {bound:.0f} s + {over:.0f} s (goal <= +{RESTATED_OVER_BOUND_S:g} s),"
         f" p90/p50 {spread:.2f} (goal <= {RESTATED_SPREAD:g}); {len(moves)} moves"
     ]
-    mine = {key: p50([r.phases[key] for r in rows]) for key, _ in PHASES}
+    mine = median_phases(rows)
     gap = ", ".join(
         f"{label} {mine[key]:.0f} s"
         for key, label in (
