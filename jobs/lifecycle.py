@@ -42,7 +42,8 @@ from functools import partial
 
 from celery import current_app
 from django.db import IntegrityError, transaction
-from django.db.models import F, Max, Q
+from django.db.models import DateTimeField, F, Max, Q, Value
+from django.db.models.functions import Greatest
 
 from hosts.models import Machine
 from jobs import machine_incidents, racers, recovery_times, spending
@@ -509,7 +510,9 @@ def remember_bad_machine(attempt: Attempt) -> None:
 
 def mark_running(attempt: Attempt, *, now: datetime) -> None:
     """The agent reports the training command started: the job runs (again), and is back on a
-    machine for every interruption still waiting to train again (``jobs.recovery_times``)."""
+    machine for every interruption still waiting to train again (``jobs.recovery_times``), from
+    the moment the agent says the command started (its ``command_started`` phase, dated on its
+    own clock as its first step is) or, from an agent that does not say, this beat's arrival."""
     with transaction.atomic():
         claimed = Attempt.objects.filter(pk=attempt.pk, state=AttemptState.STARTING).update(
             state=AttemptState.RUNNING, running_at=now
@@ -517,6 +520,14 @@ def mark_running(attempt: Attempt, *, now: datetime) -> None:
         if not claimed:
             return
         resumed = attempt.resumed_from_step or 0
+        started = (
+            Attempt.objects.filter(pk=attempt.pk)
+            .values_list("command_started_at", flat=True)
+            .first()
+        )
+        # A beat that arrives late (a loaded host or portal) must not date "back" after the
+        # first step the agent dated itself: seen as back 4.64 s, training again 4.41 s.
+        back_at = min(started, now) if started is not None else now
         # A replacement lost before it ran leaves its predecessor's interruption open, one that
         # ended before its first step leaves it waiting to train again: this attempt is back
         # for all of them, and their first step will be its own (none stays open forever).
@@ -526,11 +537,11 @@ def mark_running(attempt: Attempt, *, now: datetime) -> None:
         )
         rows = Interruption.objects.filter(pk__in=list(waiting.values_list("pk", flat=True)))
         first_open = rows.filter(running_again_at=None).order_by("detected_at").first()
-        rows.filter(running_again_at=None).update(running_again_at=now)
+        rows.filter(running_again_at=None).update(running_again_at=back_at)
         rows.update(replacement_id=attempt.pk, resumed_step=resumed)
         kind, message = "running", "the training command started"
         if first_open is not None:
-            back = recovery_times.seconds_between(recovery_times.lost_at(first_open), now)
+            back = recovery_times.seconds_between(recovery_times.lost_at(first_open), back_at)
             kind = "back_on_machine"
             message = (
                 f"back on a machine after {duration(back)}: the training command started, "
@@ -555,11 +566,15 @@ def mark_training_again(attempt_id: int, *, now: datetime) -> None:
         )
         claimed = Interruption.objects.filter(
             pk__in=[row.pk for row in rows], training_again_at=None
-        ).update(training_again_at=attempt.first_step_at)
+        ).update(  # never before it was back: an agent that dates no command start
+            training_again_at=Greatest(
+                Value(attempt.first_step_at, output_field=DateTimeField()), F("running_again_at")
+            )
+        )
         if not claimed:
             return
         first = rows[0]  # the earliest loss: the job's whole wait
-        first.training_again_at = attempt.first_step_at
+        first.training_again_at = max(attempt.first_step_at, first.running_again_at)
         times = recovery_times.recovery_times(first)
         record_event(
             attempt.job_id,

@@ -12,9 +12,11 @@ the detection understated by up to the whole heartbeat timeout. The recovery ana
 
 - **Back on a machine**: the loss → the replacement running (``Interruption.running_again_at``:
   its agent reported the training command started, the moment the job shows ``running``
-  again). Not the provider's ``running``: a container is running at the provider while the
-  agent still installs, fetches the code and restores the checkpoint, and one whose start
-  fails never had the job on it.
+  again; dated by the agent's own ``command_started`` phase, as its first step is, else by the
+  arrival of the beat that said so, and "training again" is never dated before it). Not the
+  provider's ``running``: a container is running at the provider while the agent still
+  installs, fetches the code and restores the checkpoint, and one whose start fails never had
+  the job on it.
 - **Training again**: the loss → the first training step reported after it
   (``Interruption.training_again_at``, the replacement's ``first_step_at``). This is what a
   user waits for, and what the badge shows.

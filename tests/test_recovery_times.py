@@ -132,6 +132,52 @@ def test_a_first_step_in_the_beat_that_reports_running_is_both_at_once(client, c
     assert job.events.filter(kind="running_again").count() == 1
 
 
+def beat_with_phases(client, token: str, seq: int, *, step: int, phases: dict) -> None:
+    body = {
+        "seq": seq,
+        "phase": "running",
+        "step": step,
+        "total_steps": 300,
+        "gpu": {"ok": True},
+        "phases": phases,
+    }
+    response = client.post(
+        "/api/agent/heartbeat",
+        data=json.dumps(body),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert response.status_code == 200, response.content
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("phases", "back_s", "training_s"),
+    [
+        # The agent dates both: its command started 8 s and its first step 5 s before a beat
+        # that arrived late (a loaded portal): both figures from its own clock.
+        ({"command_started": 8.0, "first_step": 5.0}, 52.0, 55.0),
+        # An agent that dates its first step only: "back" is the beat's arrival, and training
+        # again is never before it (seen under load: back 4.64 s, training again 4.41 s).
+        ({"first_step": 5.0}, 60.0, 60.0),
+    ],
+)
+def test_a_late_beat_never_dates_back_on_a_machine_after_training_again(
+    client, cast, phases, back_s, training_s
+):
+    job = JobFactory(team=cast.team_a, state=JobState.RECOVERING)
+    lost, _ = make_attempt(job, state="ended")
+    InterruptionFactory(attempt=lost, last_heartbeat_at=T, detected_at=at(20))
+    Job.objects.filter(pk=job.pk).update(state=JobState.STARTING)
+    _, token = make_attempt(job, number=2)
+
+    with time_machine.travel(at(60), tick=False):
+        beat_with_phases(client, token, 1, step=3, phases=phases)
+
+    times = recovery_times(Interruption.objects.get(attempt=lost))
+    assert (times.back_on_machine_s, times.training_again_s) == (back_s, training_s)
+
+
 @pytest.mark.django_db
 def test_a_replacement_lost_before_its_first_step_leaves_training_again_to_the_next(client, cast):
     job = JobFactory(team=cast.team_a, state=JobState.STARTING)
