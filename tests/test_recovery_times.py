@@ -34,8 +34,12 @@ def at(seconds: float) -> datetime:
     return T + timedelta(seconds=seconds)
 
 
-def heartbeat(client, token: str, seq: int, *, step: int | None, phase: str = "running"):
+def heartbeat(
+    client, token: str, seq: int, *, step: int | None, phase: str = "running", phases=None
+):
     body = {"seq": seq, "phase": phase, "step": step, "total_steps": 300, "gpu": {"ok": True}}
+    if phases is not None:  # phase boundaries, seconds before this beat (PhasesIn)
+        body["phases"] = phases
     response = client.post(
         "/api/agent/heartbeat",
         data=json.dumps(body),
@@ -116,13 +120,20 @@ def test_the_replacement_running_is_back_on_a_machine_and_its_first_step_trainin
     assert (again.created_at, again.data["training_again_s"]) == (at(TRAINING_S), TRAINING_S)
 
 
-@pytest.mark.django_db
-def test_a_first_step_in_the_beat_that_reports_running_is_both_at_once(client, cast):
-    job = JobFactory(team=cast.team_a, state=JobState.RECOVERING)
+def replacement_starting(team: Team):
+    """A job whose host beat last at T and was found lost at +20 s, and its replacement
+    starting: (the job, the lost attempt, the replacement's agent token)."""
+    job = JobFactory(team=team, state=JobState.RECOVERING)
     lost, _ = make_attempt(job, state="ended")
     InterruptionFactory(attempt=lost, last_heartbeat_at=T, detected_at=at(20))
     Job.objects.filter(pk=job.pk).update(state=JobState.STARTING)
     _, token = make_attempt(job, number=2)
+    return job, lost, token
+
+
+@pytest.mark.django_db
+def test_a_first_step_in_the_beat_that_reports_running_is_both_at_once(client, cast):
+    job, lost, token = replacement_starting(cast.team_a)
 
     with time_machine.travel(at(50), tick=False):
         heartbeat(client, token, 1, step=3)  # a fast script: running, and already stepping
@@ -130,24 +141,6 @@ def test_a_first_step_in_the_beat_that_reports_running_is_both_at_once(client, c
     times = recovery_times(Interruption.objects.get(attempt=lost))
     assert (times.back_on_machine_s, times.training_again_s) == (50.0, 50.0)
     assert job.events.filter(kind="running_again").count() == 1
-
-
-def beat_with_phases(client, token: str, seq: int, *, step: int, phases: dict) -> None:
-    body = {
-        "seq": seq,
-        "phase": "running",
-        "step": step,
-        "total_steps": 300,
-        "gpu": {"ok": True},
-        "phases": phases,
-    }
-    response = client.post(
-        "/api/agent/heartbeat",
-        data=json.dumps(body),
-        content_type="application/json",
-        headers={"Authorization": f"Bearer {token}"},
-    )
-    assert response.status_code == 200, response.content
 
 
 @pytest.mark.django_db
@@ -165,14 +158,10 @@ def beat_with_phases(client, token: str, seq: int, *, step: int, phases: dict) -
 def test_a_late_beat_never_dates_back_on_a_machine_after_training_again(
     client, cast, phases, back_s, training_s
 ):
-    job = JobFactory(team=cast.team_a, state=JobState.RECOVERING)
-    lost, _ = make_attempt(job, state="ended")
-    InterruptionFactory(attempt=lost, last_heartbeat_at=T, detected_at=at(20))
-    Job.objects.filter(pk=job.pk).update(state=JobState.STARTING)
-    _, token = make_attempt(job, number=2)
+    _, lost, token = replacement_starting(cast.team_a)
 
     with time_machine.travel(at(60), tick=False):
-        beat_with_phases(client, token, 1, step=3, phases=phases)
+        heartbeat(client, token, 1, step=3, phases=phases)
 
     times = recovery_times(Interruption.objects.get(attempt=lost))
     assert (times.back_on_machine_s, times.training_again_s) == (back_s, training_s)
