@@ -98,15 +98,20 @@ def racer_plan(attempt: Attempt, racer: Racer) -> sd.StartPlan | None:
 def racer_due(attempt: Attempt, racer: Racer) -> sd.Due | None:
     """RACER's start deadline: the stored one, or, at the first poll that sees its instance,
     the one its plan gives (stored). None before its create is accepted."""
-    if racer.start_due_at is not None and racer.rented_at is not None:
-        cap = racer.rented_at + timedelta(seconds=attempt.job.start_timeout_s)
-        return sd.Due(racer.start_due_at, racer.start_due_why, racer.start_due_at >= cap)
+    return _racer_due(attempt, racer)[0]
+
+
+def _racer_due(attempt: Attempt, racer: Racer) -> tuple[sd.Due | None, sd.StartPlan | None]:
+    """``racer_due`` and the plan it was computed from (None when it was stored already)."""
+    due = stored(racer, attempt.job)
+    if due is not None or racer.rented_at is None:
+        return due, None
     plan = racer_plan(attempt, racer)
     if plan is None:
-        return None
+        return None, None
     due = sd.start_due(plan)
     _store_racer(racer, due)
-    return due
+    return due, plan
 
 
 def note_racer_news(
@@ -115,10 +120,10 @@ def note_racer_news(
     """What the poll saw of RACER's instance (STATUS, MSG, against what the racer holds from the
     poll before) pushes its start deadline later, as ``note_provider_news`` pushes a plain
     rent's; its deadline after the news (None before its create is accepted)."""
-    due = racer_due(attempt, racer)
+    due, plan = _racer_due(attempt, racer)
     if due is None or (status == racer.provider_status and msg == racer.provider_status_msg):
         return due
-    plan = racer_plan(attempt, racer)
+    plan = plan or racer_plan(attempt, racer)  # one plan per poll: its link is a query
     news = sd.ProviderNews(
         racer.provider_status, racer.provider_status_msg, status, msg, racer.start_pull_seen
     )
@@ -147,16 +152,24 @@ def race_due(attempt: Attempt, dues: dict[int, sd.Due]) -> None:
         return
     position, last = max(dues.items(), key=lambda item: item[1].at)
     racers = f"the last of {len(dues)} racers" if len(dues) > 1 else "its one racer left"
-    why = f"{racers}, racer {position}: {last.why}"
+    why = f"{racers}, racer {position}: {last.why}"[:300]
+    if (attempt.start_due_at, attempt.start_due_why) == (last.at, why):
+        return  # unchanged since the last poll: no write every 10 s per open race
     _store(attempt, sd.Due(last.at, why, last.capped))
 
 
 def stored_due(attempt: Attempt) -> sd.Due | None:
     """ATTEMPT's start deadline as stored (capped when the user's start timeout set it)."""
-    if attempt.start_due_at is None or attempt.rented_at is None:
+    return stored(attempt, attempt.job)
+
+
+def stored(row: Attempt | Racer, job) -> sd.Due | None:
+    """ROW's (an attempt's or a racer's) start deadline as stored, capped when JOB's start
+    timeout from ROW's rent set it; None when it has none."""
+    if row.start_due_at is None or row.rented_at is None:
         return None
-    cap = attempt.rented_at + timedelta(seconds=attempt.job.start_timeout_s)
-    return sd.Due(attempt.start_due_at, attempt.start_due_why, attempt.start_due_at >= cap)
+    cap = row.rented_at + timedelta(seconds=job.start_timeout_s)
+    return sd.Due(row.start_due_at, row.start_due_why, row.start_due_at >= cap)
 
 
 def ensure_start_due(
